@@ -1,0 +1,95 @@
+"""Shared fixtures: an in-process daemon on loopback, a plain-asyncio host, and a guard
+that fails any test leaving a process behind."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import AsyncIterator, Iterator
+
+import psutil
+import pytest
+
+from sandboxkit.daemon.config import DaemonConfig
+from sandboxkit.daemon.host import Host
+from sandboxkit.daemon.server import DaemonServer
+
+
+def fast_config(**overrides: object) -> DaemonConfig:
+    """Daemon settings with short timers, so tests run in well under a second each."""
+    values: dict[str, object] = {
+        "keepalive_interval": 0.5,
+        "kill_grace": 1.0,
+        "exit_drain": 0.5,
+        "shutdown_drain": 2.0,
+        "stall_timeout": 5.0,
+    }
+    values.update(overrides)
+    return DaemonConfig(**values)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def daemon_config() -> DaemonConfig:
+    """Override in a test module to change the in-process daemon's settings."""
+    return fast_config()
+
+
+@pytest.fixture
+def daemon(daemon_config: DaemonConfig) -> Iterator[DaemonServer]:
+    """A real daemon (uvicorn on 127.0.0.1, random port, bearer token) on a thread."""
+    server = DaemonServer(daemon_config).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def conn(daemon: DaemonServer) -> dict[str, str | None]:
+    """Keyword arguments that point a client at the in-process daemon."""
+    return {"url": daemon.url, "token": daemon.token}
+
+
+@pytest.fixture
+async def host() -> AsyncIterator[Host]:
+    """The daemon core without HTTP, on the test's event loop."""
+    async with Host(fast_config()) as h:
+        yield h
+
+
+def wait_until(predicate, timeout: float = 10.0, interval: float = 0.01, what: str = "") -> None:  # type: ignore[no-untyped-def]
+    """Poll ``predicate`` until true, failing after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or predicate}")
+        time.sleep(interval)
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_processes() -> Iterator[None]:
+    """Every process a test starts must be gone when it ends."""
+    me = psutil.Process(os.getpid())
+    before = {p.pid for p in me.children(recursive=True)}
+    yield
+    deadline = time.monotonic() + 10
+    while True:
+        left = [
+            p
+            for p in me.children(recursive=True)
+            if p.pid not in before and _alive(p)
+        ]
+        if not left:
+            return
+        if time.monotonic() > deadline:
+            for p in left:
+                p.kill()
+            pytest.fail(f"test left processes behind: {[p.cmdline() for p in left]}")
+        time.sleep(0.02)
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
