@@ -1,0 +1,34 @@
+"""The client SDK: async and sync sandboxes, commands and streams."""
+
+from sandboxkit.client.api import ApiClient
+from sandboxkit.client.commands import AsyncCommandHandle, AsyncCommands
+from sandboxkit.client.results import (
+    CommandResult,
+    Failed,
+    Ok,
+    Outcome,
+    ProcessInfo,
+    SandboxInfo,
+)
+from sandboxkit.client.sandbox import AsyncSandbox
+from sandboxkit.client.stream import GapInfo, ProcessStream, StreamStats
+from sandboxkit.client.sync import CommandHandle, Commands, Sandbox
+
+__all__ = [
+    "ApiClient",
+    "AsyncCommandHandle",
+    "AsyncCommands",
+    "AsyncSandbox",
+    "CommandHandle",
+    "CommandResult",
+    "Commands",
+    "Failed",
+    "GapInfo",
+    "Ok",
+    "Outcome",
+    "ProcessInfo",
+    "ProcessStream",
+    "Sandbox",
+    "SandboxInfo",
+    "StreamStats",
+]

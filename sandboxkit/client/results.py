@@ -1,0 +1,118 @@
+"""Plain result types returned by the client."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from sandboxkit.errors import SandboxkitError
+
+__all__ = ["CommandResult", "Failed", "Ok", "Outcome", "ProcessInfo", "SandboxInfo"]
+
+T = TypeVar("T")
+
+
+@dataclass
+class CommandResult:
+    """What a finished command produced."""
+
+    stdout: str
+    stderr: str
+    exit_code: int | None
+    pid: int | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """A process as the daemon describes it."""
+
+    pid: int
+    sandbox_id: str
+    cmd: str | None
+    argv: list[str] | None
+    state: str
+    exit_code: int | None
+    started_at: float
+    ended_at: float | None
+    head: int
+    total_bytes: int
+    consumers: int
+    restarted_from: int | None
+    restarted_to: int | None
+    raw: dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ProcessInfo:
+        """Build from the daemon's JSON."""
+        spec = data.get("spec", {})
+        return cls(
+            pid=data["pid"],
+            sandbox_id=data["sandbox_id"],
+            cmd=spec.get("cmd"),
+            argv=spec.get("argv"),
+            state=data["state"],
+            exit_code=data.get("exit_code"),
+            started_at=data["started_at"],
+            ended_at=data.get("ended_at"),
+            head=data.get("head", 0),
+            total_bytes=data.get("total_bytes", 0),
+            consumers=data.get("consumers", 0),
+            restarted_from=data.get("restarted_from"),
+            restarted_to=data.get("restarted_to"),
+            raw=data,
+        )
+
+
+@dataclass(frozen=True)
+class SandboxInfo:
+    """A sandbox as the daemon describes it."""
+
+    sandbox_id: str
+    state: str
+    timeout: float | None
+    on_timeout: str
+    auto_resume: bool
+    created_at: float
+    processes: int
+    metadata: dict[str, str]
+    raw: dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SandboxInfo:
+        """Build from the daemon's JSON."""
+        return cls(
+            sandbox_id=data["sandbox_id"],
+            state=data["state"],
+            timeout=data.get("timeout"),
+            on_timeout=data.get("on_timeout", "pause"),
+            auto_resume=bool(data.get("auto_resume")),
+            created_at=data["created_at"],
+            processes=data.get("processes", 0),
+            metadata=data.get("metadata", {}),
+            raw=data,
+        )
+
+
+@dataclass(frozen=True)
+class Ok(Generic[T]):
+    """A call that succeeded, for harnesses that branch on outcomes (``try_*``)."""
+
+    value: T
+    ok: bool = True
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A call that failed with a typed sandboxkit error."""
+
+    error: SandboxkitError
+    ok: bool = False
+
+    @property
+    def code(self) -> str:
+        """The error's wire code, e.g. ``result_unavailable``."""
+        return self.error.code
+
+
+Outcome = Ok[T] | Failed

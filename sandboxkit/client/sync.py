@@ -1,0 +1,262 @@
+"""The sync facade: ``Sandbox``, for scripts and notebooks.
+
+Every call runs on one background event loop (:func:`shared_loop_thread`), never on the
+caller's: inside a Jupyter kernel the caller's loop is already running, and patching
+asyncio to nest loops silently stalls the cells queued behind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Coroutine
+from types import TracebackType
+from typing import Any, Literal, TypeVar
+
+import httpx
+import pandas as pd
+
+from sandboxkit.client.commands import AsyncCommandHandle, AsyncCommands
+from sandboxkit.client.loop_thread import LoopThread, shared_loop_thread
+from sandboxkit.client.results import CommandResult, ProcessInfo, SandboxInfo
+from sandboxkit.client.sandbox import AsyncSandbox
+from sandboxkit.client.stream import OnGap, OutputCallback
+
+__all__ = ["CommandHandle", "Commands", "Sandbox"]
+
+T = TypeVar("T")
+
+
+def _run(coro: Coroutine[Any, Any, T], loop: LoopThread | None = None) -> T:
+    return (loop or shared_loop_thread()).run(coro)
+
+
+class CommandHandle:
+    """Sync view of :class:`AsyncCommandHandle`."""
+
+    def __init__(self, handle: AsyncCommandHandle, loop: LoopThread) -> None:
+        self._handle = handle
+        self._loop = loop
+        self.pid = handle.pid
+
+    @property
+    def cursor(self) -> int | None:
+        """Sequence number of the next chunk this handle will receive."""
+        return self._handle.cursor
+
+    @property
+    def stdout(self) -> str:
+        """Stdout received so far."""
+        return self._handle.stdout
+
+    @property
+    def stderr(self) -> str:
+        """Stderr received so far."""
+        return self._handle.stderr
+
+    @property
+    def exit_code(self) -> int | None:
+        """The exit code once the process ended."""
+        return self._handle.exit_code
+
+    @property
+    def stream(self) -> Any:
+        """The underlying :class:`ProcessStream` (stats, states)."""
+        return self._handle.stream
+
+    def wait(self, timeout: float | None = None) -> CommandResult:
+        """Wait for exit; raises CommandExitError on a non-zero exit code."""
+        return self._loop.run(self._handle.wait(), timeout=timeout)
+
+    def kill(self) -> bool:
+        """Kill the process."""
+        return self._loop.run(self._handle.kill())
+
+    def disconnect(self) -> None:
+        """Stop following output; the process keeps running."""
+        self._loop.run(self._handle.disconnect())
+
+    def send_stdin(self, data: str | bytes) -> None:
+        """Write to the process's stdin."""
+        self._loop.run(self._handle.send_stdin(data))
+
+    def __repr__(self) -> str:
+        return f"<CommandHandle pid={self.pid} cursor={self.cursor} exit={self.exit_code}>"
+
+
+class Commands:
+    """Sync view of :class:`AsyncCommands`."""
+
+    def __init__(self, commands: AsyncCommands, loop: LoopThread) -> None:
+        self._commands = commands
+        self._loop = loop
+
+    def run(
+        self,
+        cmd: str | list[str],
+        background: bool = False,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+        envs: dict[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        *,
+        pty: bool = False,
+        on_gap: OnGap = None,
+    ) -> Any:
+        """Run a command: a :class:`CommandResult`, or with ``background=True`` a
+        :class:`CommandHandle`. Callbacks run on the client's background loop thread."""
+        result = self._loop.run(
+            self._commands.run(
+                cmd, background, on_stdout, on_stderr, envs, cwd, timeout, pty=pty, on_gap=on_gap
+            )
+        )
+        if isinstance(result, AsyncCommandHandle):
+            return CommandHandle(result, self._loop)
+        return result
+
+    def connect(
+        self,
+        pid: int,
+        cursor: int | None = None,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+        *,
+        on_gap: OnGap = None,
+    ) -> CommandHandle:
+        """Follow a process from ``cursor`` (default: oldest retained output)."""
+        handle = self._loop.run(
+            self._commands.connect(pid, cursor, on_stdout, on_stderr, on_gap=on_gap)
+        )
+        return CommandHandle(handle, self._loop)
+
+    def list(self) -> list[ProcessInfo]:
+        """Every process the daemon still knows."""
+        return self._loop.run(self._commands.list())
+
+    def get(self, pid: int) -> ProcessInfo:
+        """One process."""
+        return self._loop.run(self._commands.get(pid))
+
+    def kill(self, pid: int) -> bool:
+        """Kill a process."""
+        return self._loop.run(self._commands.kill(pid))
+
+    def restart(self, pid: int) -> ProcessInfo:
+        """Kill and start the same command again; returns the new process."""
+        return self._loop.run(self._commands.restart(pid))
+
+    def send_stdin(self, pid: int, data: str | bytes) -> None:
+        """Write to a process's stdin, exactly once."""
+        self._loop.run(self._commands.send_stdin(pid, data))
+
+    def close_stdin(self, pid: int) -> None:
+        """Close a process's stdin."""
+        self._loop.run(self._commands.close_stdin(pid))
+
+
+class Sandbox:
+    """The sync sandbox client; same methods as :class:`AsyncSandbox`, blocking.
+
+    Works inside a running Jupyter kernel. As a context manager it always kills the sandbox.
+    """
+
+    def __init__(self, sandbox: AsyncSandbox, loop: LoopThread | None = None) -> None:
+        self._async = sandbox
+        self._loop = loop or shared_loop_thread()
+        self.sandbox_id = sandbox.sandbox_id
+        self.commands = Commands(sandbox.commands, self._loop)
+
+    @property
+    def async_sandbox(self) -> AsyncSandbox:
+        """The async client underneath (lives on the background loop)."""
+        return self._async
+
+    @property
+    def info(self) -> SandboxInfo:
+        """The last known state."""
+        return self._async.info
+
+    @classmethod
+    def create(
+        cls,
+        timeout: float | None = None,
+        on_timeout: Literal["pause", "kill"] = "pause",
+        auto_resume: bool = False,
+        *,
+        envs: dict[str, str] | None = None,
+        metadata: dict[str, str] | None = None,
+        fanout: str = "cursor",
+        url: str | None = None,
+        token: str | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> Sandbox:
+        """Create a sandbox (see :meth:`AsyncSandbox.create`)."""
+        loop = shared_loop_thread()
+        sbx = loop.run(
+            AsyncSandbox.create(
+                timeout,
+                on_timeout,
+                auto_resume,
+                envs=envs,
+                metadata=metadata,
+                fanout=fanout,
+                url=url,
+                token=token,
+                transport=transport,
+            )
+        )
+        return cls(sbx, loop)
+
+    @classmethod
+    def connect(
+        cls, sandbox_id: str, *, url: str | None = None, token: str | None = None
+    ) -> Sandbox:
+        """Attach to an existing sandbox."""
+        loop = shared_loop_thread()
+        return cls(loop.run(AsyncSandbox.connect(sandbox_id, url=url, token=token)), loop)
+
+    @staticmethod
+    def list(*, url: str | None = None, token: str | None = None) -> list[SandboxInfo]:
+        """Every sandbox the daemon knows."""
+        return _run(AsyncSandbox.list(url=url, token=token))
+
+    def get_info(self) -> SandboxInfo:
+        """Fresh state from the daemon."""
+        return self._loop.run(self._async.get_info())
+
+    def pause(self) -> None:
+        """Freeze every process of the sandbox."""
+        self._loop.run(self._async.pause())
+
+    def resume(self) -> None:
+        """Thaw every process of the sandbox."""
+        self._loop.run(self._async.resume())
+
+    def kill(self) -> None:
+        """Kill and delete the sandbox; closes this client."""
+        self._loop.run(self._async.kill())
+
+    def close(self) -> None:
+        """Close this client; the sandbox keeps running."""
+        self._loop.run(self._async.close())
+
+    def events(self, since: int = 0) -> pd.DataFrame:
+        """The event journal as a DataFrame."""
+        return self._loop.run(self._async.events(since))
+
+    def consumers(self) -> pd.DataFrame:
+        """Per-consumer metrics as a DataFrame."""
+        return self._loop.run(self._async.consumers())
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._loop.run(self._async.__aexit__(exc_type, exc, tb))
+
+    def __repr__(self) -> str:
+        return f"<Sandbox {self.sandbox_id} {self.info.state}>"

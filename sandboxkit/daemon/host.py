@@ -1,0 +1,223 @@
+"""The host: every sandbox of one daemon, the event journal, and housekeeping."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from sandboxkit.daemon.config import DaemonConfig
+from sandboxkit.daemon.consumers import Consumer, FrameSink
+from sandboxkit.daemon.events import EventJournal
+from sandboxkit.daemon.process import ManagedProcess
+from sandboxkit.daemon.sandbox import OnTimeout, Sandbox
+from sandboxkit.daemon.tree import ProcessTree, make_process_tree
+from sandboxkit.errors import InvalidArgument, SandboxNotFound, SandboxPaused
+
+__all__ = ["Host"]
+
+_CLOSED_CONSUMERS_KEPT = 64
+FANOUT_POLICIES = ("cursor",)
+
+
+class Host:
+    """Owns sandboxes and their background work; plain asyncio, no HTTP."""
+
+    def __init__(self, config: DaemonConfig | None = None) -> None:
+        self.config = config or DaemonConfig()
+        self.journal = EventJournal(self.config.journal_size)
+        self.sandboxes: dict[str, Sandbox] = {}
+        self.started_at = time.time()
+        self._own_root = self.config.root_dir is None
+        self.root = Path(self.config.root_dir or tempfile.mkdtemp(prefix="sandboxkit-"))
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._housekeeper: asyncio.Task[None] | None = None
+        self._streams: set[asyncio.Task[None]] = set()
+        self.closing = False
+
+    async def __aenter__(self) -> Host:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Start housekeeping (idle timeouts, result TTLs)."""
+        if self._housekeeper is None:
+            self._housekeeper = asyncio.get_running_loop().create_task(self._housekeeping())
+
+    async def close(self) -> None:
+        """Stop streams (bounded), kill every sandbox, stop housekeeping."""
+        if self.closing:
+            return
+        self.closing = True
+        if self._housekeeper is not None:
+            self._housekeeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._housekeeper
+        streams = list(self._streams)
+        for task in streams:
+            task.cancel()
+        if streams:
+            await asyncio.wait(streams, timeout=self.config.shutdown_drain)
+        await asyncio.gather(
+            *(s.kill(reason="shutdown") for s in self.sandboxes.values()),
+            return_exceptions=True,
+        )
+        if self._own_root:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    # -- sandboxes -------------------------------------------------------------------
+
+    async def create_sandbox(
+        self,
+        *,
+        envs: dict[str, str] | None = None,
+        timeout: float | None = None,
+        on_timeout: OnTimeout = "pause",
+        auto_resume: bool = False,
+        metadata: dict[str, str] | None = None,
+        fanout: str = "cursor",
+    ) -> Sandbox:
+        """Create a sandbox with its own working directory and process tree."""
+        if fanout not in FANOUT_POLICIES:
+            raise InvalidArgument(
+                f"fanout must be one of {', '.join(FANOUT_POLICIES)}", field="fanout"
+            )
+        sandbox_id = "sbx-" + secrets.token_hex(4)
+        workdir = self.root / sandbox_id
+        workdir.mkdir()
+        tree: ProcessTree | None = None
+        try:
+            tree = make_process_tree(sandbox_id, self.config.freezer)
+            sandbox = Sandbox(
+                sandbox_id,
+                workdir,
+                tree,
+                self.config,
+                self.journal,
+                envs=envs,
+                timeout=timeout,
+                on_timeout=on_timeout,
+                auto_resume=auto_resume,
+                metadata=metadata,
+                fanout=fanout,
+            )
+        except BaseException:
+            # A refused sandbox (e.g. a bad timeout) must not leak its directory or cgroup.
+            if tree is not None:
+                tree.close()
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise
+        self.sandboxes[sandbox_id] = sandbox
+        self.journal.record(
+            "sandbox.created", sandbox_id=sandbox_id, reason="user", timeout=timeout
+        )
+        return sandbox
+
+    def get(self, sandbox_id: str) -> Sandbox:
+        """The sandbox, or SandboxNotFound."""
+        try:
+            return self.sandboxes[sandbox_id]
+        except KeyError:
+            raise SandboxNotFound(
+                f"no sandbox {sandbox_id}", sandbox_id=sandbox_id
+            ) from None
+
+    async def access(self, sandbox_id: str, *, needs_running: bool = False) -> Sandbox:
+        """Look up a sandbox for a request: restart its idle timer and, if it is paused,
+        auto-resume it or (for requests that need it running) refuse with SandboxPaused."""
+        sandbox = self.get(sandbox_id)
+        sandbox.touch()
+        if sandbox.state == "paused":
+            if sandbox.auto_resume:
+                await sandbox.resume(reason="auto")
+            elif needs_running:
+                raise SandboxPaused(
+                    f"sandbox {sandbox_id} is paused", sandbox_id=sandbox_id
+                )
+        elif sandbox.state == "killed" and needs_running:
+            raise SandboxNotFound(f"sandbox {sandbox_id} was killed", sandbox_id=sandbox_id)
+        return sandbox
+
+    # -- streams ---------------------------------------------------------------------
+
+    def consumer(
+        self,
+        process: ManagedProcess,
+        cursor: int | None,
+        *,
+        name: str | None = None,
+        peer: str | None = None,
+    ) -> Consumer:
+        """Register a consumer of ``process`` at ``cursor`` (``None``: oldest retained)."""
+        if cursor is not None and (cursor < 0 or cursor > process.log.head):
+            raise InvalidArgument(
+                f"cursor {cursor} is outside 0..{process.log.head} (the head)",
+                field="cursor",
+            )
+        consumer = Consumer(process, cursor, self.config, self.journal, name=name, peer=peer)
+        process.consumers[consumer.consumer_id] = consumer
+        closed = [c for c in process.consumers.values() if c.closed_at is not None]
+        for old in closed[:-_CLOSED_CONSUMERS_KEPT]:
+            del process.consumers[old.consumer_id]
+        return consumer
+
+    async def serve(self, consumer: Consumer, sink: FrameSink) -> None:
+        """Run ``consumer`` into ``sink`` as a task the host owns (cancelled on close)."""
+        task = asyncio.get_running_loop().create_task(consumer.run(sink))
+        self._streams.add(task)
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            raise
+        finally:
+            self._streams.discard(task)
+
+    def consumers(self, sandbox_id: str | None = None) -> list[dict[str, Any]]:
+        """Metrics of every consumer (attached, and recently closed or kicked)."""
+        sandboxes = [self.get(sandbox_id)] if sandbox_id else list(self.sandboxes.values())
+        return [
+            c.metrics()
+            for s in sandboxes
+            for p in s.processes.values()
+            for c in p.consumers.values()
+        ]
+
+    # -- housekeeping ----------------------------------------------------------------
+
+    async def _housekeeping(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.housekeeping_interval)
+            now = time.monotonic()
+            wall = time.time()
+            for sandbox in list(self.sandboxes.values()):
+                try:
+                    await self._tend(sandbox, now, wall)
+                except Exception as exc:  # keep serving whatever one sandbox does
+                    self.journal.record(
+                        "host.error", sandbox_id=sandbox.sandbox_id, error=repr(exc)
+                    )
+
+    async def _tend(self, sandbox: Sandbox, now: float, wall: float) -> None:
+        if sandbox.idle_expired(now):
+            if sandbox.on_timeout == "kill":
+                await sandbox.kill(reason="timeout")
+            else:
+                await sandbox.pause(reason="timeout")
+        sandbox.evict_expired(wall)
+        if (
+            sandbox.state == "killed"
+            and sandbox.killed_at is not None
+            and wall - sandbox.killed_at >= self.config.result_ttl
+        ):
+            del self.sandboxes[sandbox.sandbox_id]

@@ -1,0 +1,207 @@
+"""A sandbox: a working directory, an environment and a process tree that pauses as one."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import signal
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, Literal
+
+from sandboxkit.daemon.config import DaemonConfig
+from sandboxkit.daemon.events import EventJournal
+from sandboxkit.daemon.process import ManagedProcess, ProcessSpec
+from sandboxkit.daemon.tree import ProcessTree
+from sandboxkit.errors import InvalidArgument, ProcessNotFound, ResultUnavailable
+
+__all__ = ["OnTimeout", "Sandbox", "SandboxState"]
+
+SandboxState = Literal["running", "paused", "killed"]
+OnTimeout = Literal["pause", "kill"]
+
+
+class Sandbox:
+    """Processes that share a directory, an environment and a lifecycle."""
+
+    def __init__(
+        self,
+        sandbox_id: str,
+        workdir: Path,
+        tree: ProcessTree,
+        config: DaemonConfig,
+        journal: EventJournal,
+        *,
+        envs: dict[str, str] | None = None,
+        timeout: float | None = None,
+        on_timeout: OnTimeout = "pause",
+        auto_resume: bool = False,
+        metadata: dict[str, str] | None = None,
+        fanout: str = "cursor",
+    ) -> None:
+        if timeout is not None and timeout <= 0:
+            raise InvalidArgument("timeout must be positive", field="timeout")
+        if on_timeout not in ("pause", "kill"):
+            raise InvalidArgument("on_timeout must be 'pause' or 'kill'", field="on_timeout")
+        self.sandbox_id = sandbox_id
+        self.workdir = workdir
+        self.tree = tree
+        self.config = config
+        self.journal = journal
+        self.envs = dict(envs or {})
+        self.timeout = timeout
+        self.on_timeout: OnTimeout = on_timeout
+        self.auto_resume = auto_resume
+        self.metadata = dict(metadata or {})
+        self.fanout = fanout
+        self.state: SandboxState = "running"
+        self.created_at = time.time()
+        self.killed_at: float | None = None
+        self.last_activity = time.monotonic()
+        self.processes: dict[int, ManagedProcess] = {}
+        self.evicted: deque[int] = deque(maxlen=10_000)
+        self._lock = asyncio.Lock()
+
+    def touch(self) -> None:
+        """Note a request that names this sandbox (restarts the idle timeout)."""
+        self.last_activity = time.monotonic()
+
+    def idle_expired(self, now: float) -> bool:
+        """True if the idle timeout has run out while running."""
+        return (
+            self.state == "running"
+            and self.timeout is not None
+            and now - self.last_activity >= self.timeout
+        )
+
+    # -- processes -------------------------------------------------------------------
+
+    async def start_process(self, spec: ProcessSpec) -> ManagedProcess:
+        """Start a process; it runs until it exits, is killed or hits its own deadline."""
+        process = ManagedProcess(self.sandbox_id, spec, self.config, self.journal, self._state)
+        await process.start(self.tree, str(self.workdir), self.envs)
+        self.processes[process.pid] = process
+        self.journal.record(
+            "process.started",
+            sandbox_id=self.sandbox_id,
+            pid=process.pid,
+            reason="user",
+            cmd=spec.cmd,
+            argv=list(spec.argv) if spec.argv else None,
+        )
+        return process
+
+    def process(self, pid: int) -> ManagedProcess:
+        """A known process (running or exited within the TTL), or ProcessNotFound."""
+        try:
+            return self.processes[pid]
+        except KeyError:
+            raise ProcessNotFound(
+                f"no process {pid} in sandbox {self.sandbox_id}",
+                sandbox_id=self.sandbox_id,
+                pid=pid,
+            ) from None
+
+    def result(self, pid: int) -> ManagedProcess:
+        """A process whose output can still be read, or ResultUnavailable (410)."""
+        process = self.processes.get(pid)
+        if process is not None:
+            return process
+        reason = "evicted" if pid in self.evicted else "unknown"
+        raise ResultUnavailable(
+            f"process {pid} is {reason} in sandbox {self.sandbox_id}",
+            sandbox_id=self.sandbox_id,
+            pid=pid,
+            reason=reason,
+        )
+
+    async def restart(self, pid: int) -> ManagedProcess:
+        """Kill ``pid`` (if running) and start the same spec again, linking old → new."""
+        old = self.process(pid)
+        await old.kill(reason="restart")
+        new = await self.start_process(old.spec)
+        old.restarted_to = new.pid
+        new.restarted_from = old.pid
+        self.journal.record(
+            "process.restarted",
+            sandbox_id=self.sandbox_id,
+            pid=new.pid,
+            reason="user",
+            old_pid=old.pid,
+            new_pid=new.pid,
+        )
+        return new
+
+    def evict_expired(self, now: float) -> None:
+        """Forget exited processes whose result TTL has passed."""
+        for pid, process in list(self.processes.items()):
+            ended_at = process.log.ended_at
+            if ended_at is not None and now - ended_at >= self.config.result_ttl:
+                if any(c.closed_at is None for c in process.consumers.values()):
+                    continue
+                del self.processes[pid]
+                self.evicted.append(pid)
+                self.journal.record("process.evicted", sandbox_id=self.sandbox_id, pid=pid)
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    async def pause(self, reason: str = "user") -> None:
+        """Freeze every process of the sandbox (the whole tree)."""
+        async with self._lock:
+            if self.state != "running":
+                return
+            await self.tree.freeze()
+            self.state = "paused"
+            self.journal.record("sandbox.paused", sandbox_id=self.sandbox_id, reason=reason)
+
+    async def resume(self, reason: str = "user") -> None:
+        """Thaw every process of the sandbox."""
+        async with self._lock:
+            if self.state != "paused":
+                return
+            await self.tree.thaw()
+            self.state = "running"
+            self.touch()
+            self.journal.record("sandbox.resumed", sandbox_id=self.sandbox_id, reason=reason)
+
+    async def kill(self, reason: str = "user") -> None:
+        """Kill every process (SIGTERM, then SIGKILL), release the tree and the workdir."""
+        async with self._lock:
+            if self.state == "killed":
+                return
+            if self.state == "paused":
+                await self.tree.thaw()
+            running = [p for p in self.processes.values() if p.running]
+            await asyncio.gather(*(p.kill(reason=f"sandbox_{reason}") for p in running))
+            # Whatever escaped the per-process kill (double-forked daemons) goes now.
+            self.tree.signal(signal.SIGKILL)
+            await asyncio.gather(*(p.close() for p in self.processes.values()))
+            self.tree.close()
+            with contextlib.suppress(OSError):
+                shutil.rmtree(self.workdir)
+            self.state = "killed"
+            self.killed_at = time.time()
+            self.journal.record("sandbox.killed", sandbox_id=self.sandbox_id, reason=reason)
+
+    def _state(self) -> str:
+        return self.state
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready description."""
+        return {
+            "sandbox_id": self.sandbox_id,
+            "state": self.state,
+            "workdir": str(self.workdir),
+            "envs": self.envs,
+            "timeout": self.timeout,
+            "on_timeout": self.on_timeout,
+            "auto_resume": self.auto_resume,
+            "metadata": self.metadata,
+            "fanout": self.fanout,
+            "created_at": self.created_at,
+            "killed_at": self.killed_at,
+            "freezer": self.tree.backend,
+            "processes": sum(1 for p in self.processes.values() if p.running),
+        }

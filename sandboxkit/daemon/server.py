@@ -1,0 +1,143 @@
+"""Serving the daemon over HTTP with uvicorn: in the foreground (``sandboxkit serve``) or
+on a background thread (tests, benchmarks, an in-process daemon)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from sandboxkit._version import __version__
+from sandboxkit.daemon.app import create_app
+from sandboxkit.daemon.config import DaemonConfig
+from sandboxkit.daemon.host import Host
+from sandboxkit.statefile import DaemonState, remove_state, write_state
+
+__all__ = ["DaemonServer"]
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, ending the host's streams before it waits for connections."""
+
+    def __init__(self, config: uvicorn.Config, daemon: DaemonServer) -> None:
+        super().__init__(config)
+        self._daemon = daemon
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        self._daemon._on_started()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        try:
+            # Open streams would otherwise hold graceful shutdown for its whole timeout.
+            await self._daemon.host.close()
+            await super().shutdown(sockets)
+        finally:
+            # uvicorn re-raises a captured SIGTERM/SIGINT as soon as serving ends, which
+            # ends the process before DaemonServer.serve's ``finally`` can run.
+            self._daemon._unpublish()
+
+
+class DaemonServer:
+    """One daemon: a :class:`Host`, its HTTP app, a loopback socket and a bearer token."""
+
+    def __init__(
+        self,
+        config: DaemonConfig | None = None,
+        *,
+        bind: str = "127.0.0.1",
+        port: int = 0,
+        token: str | None = "",
+        state_path: Path | None = None,
+    ) -> None:
+        """``token=""`` generates a random token; ``token=None`` disables auth."""
+        self.config = config or DaemonConfig()
+        self.token = secrets.token_urlsafe(24) if token == "" else token
+        self.state_path = state_path
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((bind, port))
+        self._sock.listen(512)
+        self._sock.setblocking(False)
+        self.bind, self.port = self._sock.getsockname()[:2]
+        self.url = f"http://{self.bind}:{self.port}"
+        self.host = Host(self.config)
+        self._server = _Server(
+            uvicorn.Config(
+                create_app(self.host, self.token),
+                log_level="warning",
+                access_log=False,
+                lifespan="on",
+                loop="asyncio",
+                timeout_graceful_shutdown=max(1, int(self.config.shutdown_drain)),
+            ),
+            self,
+        )
+        self._thread: threading.Thread | None = None
+        self._started = threading.Event()
+        self._error: BaseException | None = None
+
+    # -- foreground ------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Serve until SIGINT/SIGTERM (from the main thread) or :meth:`stop`."""
+        asyncio.run(self.serve())
+
+    async def serve(self) -> None:
+        """Serve on the running loop until asked to stop."""
+        try:
+            await self._server.serve(sockets=[self._sock])
+        finally:
+            self._unpublish()
+            self._sock.close()
+
+    def _unpublish(self) -> None:
+        if self.state_path is not None:
+            remove_state(self.state_path, os.getpid())
+
+    def _on_started(self) -> None:
+        if self.state_path is not None:
+            write_state(
+                self.state_path,
+                DaemonState(self.url, os.getpid(), self.token or "", time.time(), __version__),
+            )
+        self._started.set()
+
+    # -- background thread -------------------------------------------------------------
+
+    def start(self, timeout: float = 30.0) -> DaemonServer:
+        """Serve on a background thread; returns once the daemon accepts requests."""
+
+        def target() -> None:
+            try:
+                self.run()
+            except BaseException as exc:  # surfaced by start()/stop()
+                self._error = exc
+                self._started.set()
+
+        self._thread = threading.Thread(target=target, name="sandboxkit-daemon", daemon=True)
+        self._thread.start()
+        if not self._started.wait(timeout) or self._error is not None:
+            raise RuntimeError(f"daemon did not start: {self._error!r}")
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Ask the server to exit (ending streams, killing sandboxes) and wait for it."""
+        self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                raise RuntimeError("daemon thread did not stop in time")
+
+    def __enter__(self) -> DaemonServer:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
