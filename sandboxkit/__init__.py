@@ -43,6 +43,8 @@ if TYPE_CHECKING:
         ProcessStream,
         Sandbox,
         SandboxInfo,
+        StdinSession,
+        attempt,
     )
 
 # The client (httpx, pandas) loads on first use, so that the daemon process, which shares
@@ -61,6 +63,8 @@ _CLIENT_NAMES = frozenset(
         "ProcessStream",
         "Sandbox",
         "SandboxInfo",
+        "StdinSession",
+        "attempt",
     }
 )
 
@@ -98,7 +102,9 @@ __all__ = [
     "SandboxPaused",
     "SandboxkitError",
     "StdinSeqMismatch",
+    "StdinSession",
     "StreamStalled",
     "Unauthorized",
     "__version__",
+    "attempt",
 ]

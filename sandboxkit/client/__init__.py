@@ -9,8 +9,10 @@ from sandboxkit.client.results import (
     Outcome,
     ProcessInfo,
     SandboxInfo,
+    attempt,
 )
 from sandboxkit.client.sandbox import AsyncSandbox
+from sandboxkit.client.stdin import HttpStdinTransport, StdinSession, StdinTransport
 from sandboxkit.client.stream import GapInfo, ProcessStream, StreamStats
 from sandboxkit.client.sync import CommandHandle, Commands, Sandbox
 
@@ -24,11 +26,15 @@ __all__ = [
     "Commands",
     "Failed",
     "GapInfo",
+    "HttpStdinTransport",
     "Ok",
     "Outcome",
     "ProcessInfo",
     "ProcessStream",
     "Sandbox",
     "SandboxInfo",
+    "StdinSession",
+    "StdinTransport",
     "StreamStats",
+    "attempt",
 ]

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import base64
-import secrets
 from typing import Any
 
 from sandboxkit.client.api import ApiClient
-from sandboxkit.client.results import CommandResult, ProcessInfo
+from sandboxkit.client.results import CommandResult, Failed, Ok, ProcessInfo, attempt
+from sandboxkit.client.stdin import HttpStdinTransport, StdinSession
 from sandboxkit.client.stream import OnGap, OutputCallback, ProcessStream
 from sandboxkit.client.tasks import TaskOwner
-from sandboxkit.errors import CommandExitError, DaemonUnavailable, ProcessNotFound
+from sandboxkit.errors import CommandExitError, ProcessNotFound
 
 __all__ = ["AsyncCommandHandle", "AsyncCommands"]
 
@@ -177,6 +176,24 @@ class AsyncCommands:
         )
         return AsyncCommandHandle(self, stream)
 
+    async def try_run(self, cmd: str | list[str], **options: Any) -> Ok[CommandResult] | Failed:
+        """:meth:`run` in the foreground, returning ``Ok(result)`` or ``Failed(error)``
+        (a non-zero exit is ``Failed(CommandExitError)``) instead of raising."""
+        options.pop("background", None)
+        return await attempt(self.run(cmd, **options))
+
+    async def try_connect(
+        self, pid: int, cursor: int | None = None, **options: Any
+    ) -> Ok[CommandResult] | Failed:
+        """Connect and wait for the exit; ``Ok(result)`` or ``Failed(error)`` — e.g.
+        ``Failed(ResultUnavailable)`` for an unknown or evicted pid."""
+
+        async def follow() -> CommandResult:
+            handle = await self.connect(pid, cursor, **options)
+            return await handle.wait()
+
+        return await attempt(follow())
+
     async def list(self) -> list[ProcessInfo]:
         """Every process the daemon still knows (running, or exited within the TTL)."""
         return [ProcessInfo.from_json(p) for p in await self._api.call("GET", self._path())]
@@ -197,21 +214,15 @@ class AsyncCommands:
         """Kill ``pid`` and start the same command again; returns the new process."""
         return ProcessInfo.from_json(await self._api.call("POST", self._path(pid) + "/restart"))
 
+    def stdin_session(self, pid: int, **options: Any) -> StdinSession:
+        """An exactly-once stdin session for ``pid`` (see :class:`StdinSession`)."""
+        return StdinSession(HttpStdinTransport(self._api, self._sandbox_id, pid), **options)
+
     async def send_stdin(self, pid: int, data: str | bytes) -> None:
-        """Write ``data`` to the process's stdin exactly once (safe to retry)."""
-        raw = data.encode() if isinstance(data, str) else data
-        session = secrets.token_hex(8)
-        body = {"session": session, "seq": 0, "data": base64.b64encode(raw).decode()}
-        delay = 0.05
-        for attempt in range(5):
-            try:
-                await self._api.call("POST", self._path(pid) + "/stdin", json=body)
-                return
-            except DaemonUnavailable:
-                if attempt == 4:
-                    raise
-                await asyncio.sleep(delay)
-                delay *= 2
+        """Write ``data`` to the process's stdin exactly once, retrying through
+        disconnects."""
+        async with self.stdin_session(pid) as session:
+            await session.write(data)
 
     async def close_stdin(self, pid: int) -> None:
         """Close the process's stdin (it reads EOF)."""

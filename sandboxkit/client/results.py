@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Awaitable
 from typing import Any, Generic, TypeVar
 
 from sandboxkit.errors import SandboxkitError
 
-__all__ = ["CommandResult", "Failed", "Ok", "Outcome", "ProcessInfo", "SandboxInfo"]
+__all__ = [
+    "CommandResult",
+    "Failed",
+    "Ok",
+    "Outcome",
+    "ProcessInfo",
+    "SandboxInfo",
+    "attempt",
+]
 
 T = TypeVar("T")
 
@@ -116,3 +125,11 @@ class Failed:
 
 
 Outcome = Ok[T] | Failed
+
+
+async def attempt(aw: Awaitable[T]) -> Ok[T] | Failed:
+    """Await ``aw``; a typed sandboxkit error becomes :class:`Failed` instead of raising."""
+    try:
+        return Ok(await aw)
+    except SandboxkitError as exc:
+        return Failed(exc)

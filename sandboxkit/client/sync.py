@@ -16,7 +16,7 @@ import pandas as pd
 
 from sandboxkit.client.commands import AsyncCommandHandle, AsyncCommands
 from sandboxkit.client.loop_thread import LoopThread, shared_loop_thread
-from sandboxkit.client.results import CommandResult, ProcessInfo, SandboxInfo
+from sandboxkit.client.results import CommandResult, Failed, Ok, ProcessInfo, SandboxInfo
 from sandboxkit.client.sandbox import AsyncSandbox
 from sandboxkit.client.stream import OnGap, OutputCallback
 
@@ -127,6 +127,16 @@ class Commands:
             self._commands.connect(pid, cursor, on_stdout, on_stderr, on_gap=on_gap)
         )
         return CommandHandle(handle, self._loop)
+
+    def try_run(self, cmd: str | list[str], **options: Any) -> Ok[CommandResult] | Failed:
+        """:meth:`run` returning ``Ok(result)`` or ``Failed(error)`` instead of raising."""
+        return self._loop.run(self._commands.try_run(cmd, **options))
+
+    def try_connect(
+        self, pid: int, cursor: int | None = None, **options: Any
+    ) -> Ok[CommandResult] | Failed:
+        """Connect and wait; ``Ok(result)`` or ``Failed(error)``."""
+        return self._loop.run(self._commands.try_connect(pid, cursor, **options))
 
     def list(self) -> list[ProcessInfo]:
         """Every process the daemon still knows."""

@@ -9,7 +9,6 @@ import os
 import pty
 import signal
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -21,11 +20,10 @@ from sandboxkit.daemon.consumers import Consumer
 from sandboxkit.daemon.events import EventJournal
 from sandboxkit.daemon.output_log import OutputLog
 from sandboxkit.daemon.tree import ProcessTree
-from sandboxkit.errors import InvalidArgument, StdinSeqMismatch
+from sandboxkit.daemon.stdin import StdinLedger
+from sandboxkit.errors import InvalidArgument
 
 __all__ = ["ManagedProcess", "ProcessSpec"]
-
-_MAX_STDIN_SESSIONS = 1024
 
 
 @dataclass(frozen=True)
@@ -139,7 +137,7 @@ class ManagedProcess:
         self._sandbox_state = sandbox_state
         self._transport: asyncio.SubprocessTransport | None = None
         self._pty_master: int | None = None
-        self._stdin_sessions: OrderedDict[str, int] = OrderedDict()
+        self._stdin = StdinLedger(-1)
         self._stdin_closed = False
         self._tasks: set[asyncio.Task[None]] = set()
         self._done = asyncio.Event()
@@ -195,6 +193,7 @@ class ManagedProcess:
         self._transport = transport
         _widen_pipes(transport)
         self.pid = transport.get_pid()
+        self._stdin.pid = self.pid
         tree.add(self.pid)
         self.started_at = time.time()
         self._own(self._watch_exit(capture, pty_reader))
@@ -293,31 +292,14 @@ class ManagedProcess:
     # -- stdin -----------------------------------------------------------------------
 
     def write_stdin(self, session: str, seq: int, data: bytes) -> dict[str, Any]:
-        """Apply stdin batch ``seq`` of ``session`` exactly once, in order.
-
-        A batch already applied is acked again without writing; one from the future is
-        refused with :class:`StdinSeqMismatch`.
-        """
-        expected = self._stdin_sessions.get(session, 0)
-        if seq < expected:
-            return {"session": session, "acked": seq, "next_seq": expected, "duplicate": True}
-        if seq > expected:
-            raise StdinSeqMismatch(
-                f"stdin batch {seq} arrived before batch {expected}",
-                pid=self.pid,
-                expected=expected,
-                got=seq,
-            )
-        if not self.running:
-            raise InvalidArgument("the process has exited", field="pid")
-        if self._stdin_closed:
-            raise InvalidArgument("stdin is closed", field="stdin")
-        self._write(data)
-        self._stdin_sessions[session] = seq + 1
-        self._stdin_sessions.move_to_end(session)
-        while len(self._stdin_sessions) > _MAX_STDIN_SESSIONS:
-            self._stdin_sessions.popitem(last=False)
-        return {"session": session, "acked": seq, "next_seq": seq + 1, "duplicate": False}
+        """Apply stdin batch ``seq`` of ``session`` exactly once, in order (see
+        :class:`StdinLedger`)."""
+        if seq >= self._stdin.expected(session):
+            if not self.running:
+                raise InvalidArgument("the process has exited", field="pid")
+            if self._stdin_closed:
+                raise InvalidArgument("stdin is closed", field="stdin")
+        return self._stdin.apply(session, seq, data, self._write)
 
     def _write(self, data: bytes) -> None:
         if self._pty_master is not None:

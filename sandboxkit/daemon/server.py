@@ -4,6 +4,7 @@ on a background thread (tests, benchmarks, an in-process daemon)."""
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
 import secrets
 import socket
@@ -124,12 +125,15 @@ class DaemonServer:
 
         self._thread = threading.Thread(target=target, name="sandboxkit-daemon", daemon=True)
         self._thread.start()
+        # An in-process daemon dies with its owner; its sandbox processes must not outlive it.
+        atexit.register(self.stop)
         if not self._started.wait(timeout) or self._error is not None:
             raise RuntimeError(f"daemon did not start: {self._error!r}")
         return self
 
     def stop(self, timeout: float = 30.0) -> None:
         """Ask the server to exit (ending streams, killing sandboxes) and wait for it."""
+        atexit.unregister(self.stop)
         self._server.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout)
