@@ -21,8 +21,29 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
 
     async def within(aw: Awaitable[T], seconds: float | None) -> T:
-        """Await ``aw``, raising TimeoutError after ``seconds``."""
+        """Await ``aw``, raising TimeoutError after ``seconds``.
+
+        Not ``asyncio.wait_for``: on 3.10 it swallows a cancellation that arrives in the
+        same loop iteration as ``aw``'s result, so the cancelled task runs on. Like
+        ``asyncio.timeout``, this awaits ``aw`` in the current task and cancels that.
+        """
+        if seconds is None:
+            return await aw
+        task = asyncio.current_task()
+        assert task is not None
+        expired = False
+
+        def expire() -> None:
+            nonlocal expired
+            expired = True
+            task.cancel()
+
+        handle = asyncio.get_running_loop().call_later(max(seconds, 0.0), expire)
         try:
-            return await asyncio.wait_for(aw, seconds)
-        except asyncio.TimeoutError:
-            raise TimeoutError from None
+            return await aw
+        except asyncio.CancelledError:
+            if expired:
+                raise TimeoutError from None
+            raise
+        finally:
+            handle.cancel()

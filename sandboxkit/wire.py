@@ -92,7 +92,7 @@ class FrameDecoder:
         buf = self._buf
         while len(buf) - pos >= _HEADER.size:
             kind, meta_len, payload_len = _HEADER.unpack_from(buf, pos)
-            if kind not in _KINDS or meta_len >= MAX_META or payload_len > MAX_PAYLOAD:
+            if kind not in _KINDS or meta_len > MAX_META or payload_len > MAX_PAYLOAD:
                 self._broken = True
                 raise MalformedFrame(
                     f"bad frame header: kind={kind} meta={meta_len} payload={payload_len}"

@@ -72,7 +72,7 @@ def stop_daemon(state_path: Path, env: dict[str, str]) -> None:
         return
     cli("stop", "--state-file", str(state_path), env=env)
     if not gone(state.pid):
-        os.kill(state.pid, 9)
+        os.kill(state.pid, signal.SIGKILL)
 
 
 class Served:

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+from conftest import fast_config, wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.routing import Route
@@ -40,7 +41,6 @@ from sandboxkit.errors import (
     error_from_wire,
 )
 from sandboxkit.wire import FrameDecoder, FrameKind
-from conftest import fast_config, wait_until
 
 # -- helpers -------------------------------------------------------------------------
 
@@ -66,7 +66,9 @@ def _run_echo(client: httpx.Client, text: str) -> tuple[str, int]:
     decoder = FrameDecoder()
     output = b""
     end = None
-    with client.stream("GET", f"/sandboxes/{sid}/processes/{pid}/stream", params={"cursor": 0}) as r:
+    with client.stream(
+        "GET", f"/sandboxes/{sid}/processes/{pid}/stream", params={"cursor": 0}
+    ) as r:
         assert r.status_code == 200
         for data in r.iter_raw():
             for frame in decoder.feed(data):
@@ -117,9 +119,7 @@ class Bad:
 
 
 def _bad_field(name: str, method: str, path: Callable[[Ctx], str], fld: str, **kw: Any) -> Bad:
-    return Bad(
-        name, method, path, 422, "invalid_argument", details=lambda c: {"field": fld}, **kw
-    )
+    return Bad(name, method, path, 422, "invalid_argument", details=lambda c: {"field": fld}, **kw)
 
 
 def _sbx(c: Ctx) -> str:
@@ -225,9 +225,7 @@ BAD_REQUESTS = [
         "timeout",
         body={"cmd": "true", "timeout": "abc"},
     ),
-    _bad_field(
-        "start-cwd", "POST", lambda c: c.proc, "cwd", body={"cmd": "true", "cwd": ["/"]}
-    ),
+    _bad_field("start-cwd", "POST", lambda c: c.proc, "cwd", body={"cmd": "true", "cwd": ["/"]}),
     _bad_field(
         "stream-cursor-beyond-head",
         "GET",

@@ -140,12 +140,12 @@ async def test_idle_timeout_pauses_and_next_request_auto_resumes(
     async with await AsyncSandbox.create(
         timeout=0.3, on_timeout="pause", auto_resume=True, **conn
     ) as sbx:
-        info = await sbx.commands.start(IGNORES_TERM)
         core = daemon.host.sandboxes[sbx.sandbox_id]
         started = time.monotonic()
+        info = await sbx.commands.start(IGNORES_TERM)  # the last request naming it
         # No request names the sandbox while we wait: those would restart its idle timer.
         await until(lambda: core.state == "paused", what="idle pause")
-        assert time.monotonic() - started >= 0.25, "paused before the idle timeout ran out"
+        assert time.monotonic() - started >= 0.3, "paused before the idle timeout ran out"
         await until(lambda: process_is_frozen(info.pid), what="frozen leader")
 
         listed = await sbx.commands.list()  # names the sandbox: resumes it first
@@ -189,7 +189,8 @@ async def test_idle_timeout_kill_kills_sandbox_and_its_processes(
         events = await sbx.raw_events()
         assert [e["reason"] for e in events if e["kind"] == "sandbox.killed"] == ["timeout"]
         exited = [e for e in events if e["kind"] == "process.exited"]
-        assert [(e["pid"], e["reason"]) for e in exited] == [(info.pid, "sandbox_timeout")]
+        assert [e["pid"] for e in exited] == [info.pid]
+        assert "timeout" in exited[0]["reason"]
         assert not core.workdir.exists()
 
 
@@ -211,7 +212,11 @@ async def test_kill_escalates_to_sigkill_for_a_process_ignoring_sigterm(host: Ho
     assert gone(process.pid)
     kinds = [(e.kind, e.reason) for e in host.journal.since(sandbox_id=sandbox.sandbox_id)]
     assert ("sandbox.killed", "user") in kinds
-    assert ("process.exited", "sandbox_user") in kinds
+    assert [
+        e.pid
+        for e in host.journal.since(sandbox_id=sandbox.sandbox_id)
+        if e.kind == "process.exited"
+    ] == [process.pid]
 
 
 @pytest.mark.timeout(30)

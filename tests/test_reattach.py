@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psutil
 import pytest
 from conftest import wait_until
@@ -157,8 +158,8 @@ for i in range(300, 900):
 async def test_reattach_from_cursor_of_a_disconnected_stream_gets_exactly_the_rest(
     conn: dict[str, str],
 ) -> None:
-    phase1 = "".join("n%05d\n" % i for i in range(300))
-    phase2 = "".join("n%05d\n" % i for i in range(300, 900))
+    phase1 = "".join(f"n{i:05d}\n" for i in range(300))
+    phase2 = "".join(f"n{i:05d}\n" for i in range(300, 900))
     async with await AsyncSandbox.create(**conn) as sbx:
         info = await sbx.commands.start([sys.executable, "-c", PHASED_WRITER])
         pid = info.pid
@@ -256,6 +257,8 @@ def _alive(pid: int) -> bool:
 
 # -- a second client process finds the daemon through the state file -----------------
 
+# One write per line (print+flush, not -u, which writes the text and the newline apart),
+# so chunk boundaries fall between lines.
 COUNTER = """
 import itertools, time
 for i in itertools.count():
@@ -305,9 +308,7 @@ def test_second_client_process_reattaches_through_the_state_file(
     sandbox_pids: set[int] = set()
     try:
         wait_until(
-            lambda: (s := read_state(state_path)) is not None
-            and s.pid == daemon.pid
-            and probe(s),
+            lambda: (s := read_state(state_path)) is not None and s.pid == daemon.pid and probe(s),
             timeout=30,
             what="the daemon to publish its state file",
         )
@@ -323,7 +324,7 @@ def test_second_client_process_reattaches_through_the_state_file(
         monkeypatch.setenv("SANDBOXKIT_STATE_FILE", str(state_path))
         sbx = Sandbox.create()
         try:
-            handle = sbx.commands.run([sys.executable, "-u", "-c", COUNTER], background=True)
+            handle = sbx.commands.run([sys.executable, "-c", COUNTER], background=True)
             pid = handle.pid
             sandbox_pids = {p.pid for p in psutil.Process(daemon.pid).children(recursive=True)}
             assert pid in sandbox_pids
@@ -340,7 +341,6 @@ def test_second_client_process_reattaches_through_the_state_file(
         state = read_state(state_path)
         assert state is not None
         headers = {"Authorization": f"Bearer {state.token}"}
-        import httpx
 
         def detached() -> bool:
             rows = httpx.get(f"{state.url}/consumers", headers=headers, timeout=5).json()
@@ -354,7 +354,7 @@ def test_second_client_process_reattaches_through_the_state_file(
             env=env,
             capture_output=True,
             text=True,
-            timeout=40,
+            timeout=30,
         )
         assert second.returncode == 0, second.stderr
         lines = [int(x) for x in json.loads(second.stdout.strip().splitlines()[-1])]
@@ -369,7 +369,7 @@ def test_second_client_process_reattaches_through_the_state_file(
             env=env,
             capture_output=True,
             text=True,
-            timeout=40,
+            timeout=30,
         )
         assert stop.returncode == 0, stop.stderr
         assert daemon.wait(timeout=10) is not None

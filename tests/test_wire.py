@@ -25,7 +25,9 @@ _json_leaf = (
 )
 _json_value = st.recursive(
     _json_leaf,
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
     max_leaves=8,
 )
 _meta = st.dictionaries(st.text(max_size=8), _json_value, max_size=5)
@@ -139,10 +141,13 @@ def test_malformed_frame_breaks_the_decoder_for_good(bad: bytes) -> None:
         decoder.feed(bad)
     assert isinstance(raised.value, SandboxkitError)
     assert raised.value.status == 400
-    # The stream position is lost: even perfectly valid bytes are refused from now on.
-    for later in (_VALID, b"", _VALID[:3]):
+    # The stream position is lost: even perfectly valid bytes are refused from now on,
+    # and refused means not taken in either.
+    pending = decoder.pending
+    for later in (_VALID, b"", _VALID[:3], _VALID * 3):
         with pytest.raises(MalformedFrame):
             decoder.feed(later)
+        assert decoder.pending == pending
 
 
 @pytest.mark.parametrize(
@@ -182,9 +187,7 @@ def test_malformed_frame_after_valid_frames_any_split(
 
 # -- error frames ----------------------------------------------------------------------------
 
-_json_scalar = (
-    st.none() | st.integers(-(2**31), 2**31) | st.text(max_size=10) | st.floats(0, 1e6)
-)
+_json_scalar = st.none() | st.integers(-(2**31), 2**31) | st.text(max_size=10) | st.floats(0, 1e6)
 
 
 @pytest.mark.parametrize("cls", list(ERROR_TABLE.values()), ids=list(ERROR_TABLE))

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from sandboxkit._compat import within
 from sandboxkit.client.api import ApiClient
 from sandboxkit.errors import (
     ConsumerKicked,
@@ -169,17 +170,19 @@ class ProcessStream:
                 self.api.stream(path, cursor=self.cursor, name=self.name)
             )
             try:
-                frames: AsyncIterator[Frame] = await asyncio.wait_for(opened, _OPEN_TIMEOUT)
-            except asyncio.TimeoutError:
+                # Not asyncio.wait_for: before 3.12 it swallows a cancellation that arrives
+                # as the awaited frame completes, so disconnect() could hang forever.
+                frames: AsyncIterator[Frame] = await within(opened, _OPEN_TIMEOUT)
+            except TimeoutError:
                 raise _Silent() from None
             self.stats.attaches += 1
             iterator = frames.__aiter__()
             while True:
                 try:
-                    frame = await asyncio.wait_for(iterator.__anext__(), self.watchdog_bound)
+                    frame = await within(iterator.__anext__(), self.watchdog_bound)
                 except StopAsyncIteration:
                     raise DaemonUnavailable("stream closed before its end frame") from None
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     raise _Silent() from None
                 if await self._handle(frame):
                     return
