@@ -69,14 +69,21 @@ class AsyncSandbox:
         *,
         envs: dict[str, str] | None = None,
         metadata: dict[str, str] | None = None,
-        fanout: str = "cursor",
+        fanout: str | None = None,
+        kick_grace: float | None = None,
+        pause_ghosts: bool = False,
+        ghost_buffer: int | None = None,
         url: str | None = None,
         token: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> AsyncSandbox:
         """Create a sandbox. ``timeout`` is an idle timeout in seconds (``None``: never),
         after which the sandbox is paused or killed as ``on_timeout`` says; with
-        ``auto_resume`` a request to a paused sandbox resumes it."""
+        ``auto_resume`` a request to a paused sandbox resumes it.
+
+        Fault-lab options: ``fanout`` (``cursor``, the default; or ``blocking``/``kick``,
+        the shipped designs behind F1/F2), ``kick_grace`` for ``kick``, and
+        ``pause_ghosts``: streams open at a pause become ghosts on resume (F1)."""
         conn = await _connection(url, token)
         api = ApiClient(conn.url, conn.token, transport=transport)
         try:
@@ -87,6 +94,9 @@ class AsyncSandbox:
                 "envs": envs or {},
                 "metadata": metadata or {},
                 "fanout": fanout,
+                "kick_grace": kick_grace,
+                "pause_ghosts": pause_ghosts,
+                "ghost_buffer": ghost_buffer,
             }
             info = SandboxInfo.from_json(await api.call("POST", "/sandboxes", json=body))
         except BaseException:

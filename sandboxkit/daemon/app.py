@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from sandboxkit._compat import within
 from sandboxkit._version import __version__
 from sandboxkit.daemon.consumers import Consumer
 from sandboxkit.daemon.host import Host
@@ -96,21 +97,23 @@ class _AsgiSink:
 
     def __init__(self, send: Send) -> None:
         self._send = send
-        self._closed = False
+        self._closing = False
+        self.closed = asyncio.Event()
 
     async def send(self, data: bytes) -> None:
         await self._send({"type": "http.response.body", "body": data, "more_body": True})
 
     async def close(self) -> None:
-        if self._closed:
+        if self._closing:
             return
-        self._closed = True
+        self._closing = True
         # A peer that stopped reading must not hold this up: bounded, best effort.
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(
+            await within(
                 self._send({"type": "http.response.body", "body": b"", "more_body": False}),
                 0.1,
             )
+        self.closed.set()
 
 
 class FrameStreamResponse(Response):
@@ -133,14 +136,21 @@ class FrameStreamResponse(Response):
                 ],
             }
         )
-        serve = asyncio.ensure_future(self.host.serve(self.consumer, _AsgiSink(send)))
+        sink = _AsgiSink(send)
+        stream = self.host.start_stream(self.consumer, sink)
         gone = asyncio.ensure_future(_disconnected(receive))
+        closed = asyncio.ensure_future(sink.closed.wait())
         try:
-            await asyncio.wait({serve, gone}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({stream, gone, closed}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (serve, gone):
+            # The client left (or this request is cancelled): the consumer goes too. If
+            # only the sink closed, the consumer lives on elsewhere (a snapshot ghost).
+            if not closed.done():
+                stream.cancel()
+                await asyncio.gather(stream, return_exceptions=True)
+            for task in (gone, closed):
                 task.cancel()
-            await asyncio.gather(serve, gone, return_exceptions=True)
+            await asyncio.gather(gone, closed, return_exceptions=True)
 
 
 async def _disconnected(receive: Receive) -> None:
@@ -185,7 +195,10 @@ class _Api:
             on_timeout=on_timeout,
             auto_resume=_field(body, "auto_resume", (bool,), False),
             metadata=_str_map(body, "metadata"),
-            fanout=_field(body, "fanout", (str,), "cursor"),
+            fanout=_field(body, "fanout", (str,)),
+            kick_grace=_field(body, "kick_grace", (int, float)),
+            pause_ghosts=_field(body, "pause_ghosts", (bool,), False),
+            ghost_buffer=_field(body, "ghost_buffer", (int,)),
         )
         return JSONResponse(sandbox.to_json(), status_code=201)
 

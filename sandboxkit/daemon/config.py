@@ -37,5 +37,16 @@ class DaemonConfig:
     """Events kept in the journal."""
     freezer: str = "auto"
     """Process-tree freezer backend: ``auto``, ``cgroup`` or ``signals``."""
+    fanout: str = "cursor"
+    """Default fan-out policy: ``cursor`` (immune to F1/F2), or the lab's ``blocking``/``kick``."""
+    kick_queue: int = 64
+    """Per-consumer queue length (chunks) of the ``kick`` policy (the envd fix's 64)."""
+    blocking_queue: int = 1
+    """Per-consumer queue length (chunks) of the ``blocking`` policy (a near-unbuffered
+    channel, as shipped before the fix)."""
+    kick_grace: float = 5.0
+    """How long the ``kick`` policy's shared loop waits on a full queue before kicking."""
+    ghost_buffer: int = 4096
+    """Socket buffer of a pause-snapshot ghost: small, like a socket restored from a snapshot."""
     housekeeping_interval: float = 0.05
     """How often idle timeouts and result TTLs are checked."""

@@ -11,6 +11,7 @@ from typing import Any, Literal, Protocol
 from sandboxkit._compat import within
 from sandboxkit.daemon.config import DaemonConfig
 from sandboxkit.daemon.events import EventJournal
+from sandboxkit.daemon.fanout import Fanout, Feed
 from sandboxkit.daemon.output_log import Chunk, OutputLog
 from sandboxkit.errors import ConsumerKicked, SandboxkitError
 from sandboxkit.wire import FrameKind, encode_frame
@@ -40,12 +41,26 @@ class FrameSink(Protocol):
         """End the transport; must not block on a peer that stopped reading."""
 
 
+class _Relay:
+    """The consumer's current sink; a pause snapshot can swap it for a ghost socket."""
+
+    def __init__(self, target: FrameSink) -> None:
+        self.target = target
+
+    async def send(self, data: bytes) -> None:
+        await self.target.send(data)
+
+    async def close(self) -> None:
+        await self.target.close()
+
+
 class StreamSource(Protocol):
     """What a consumer reads: a process's log and its current state."""
 
     pid: int
     sandbox_id: str
     log: OutputLog
+    fanout: Fanout
 
     def states(self) -> dict[str, Any]:
         """``{"process_state": ..., "sandbox_state": ...}`` for keepalive frames."""
@@ -84,6 +99,10 @@ class Consumer:
         self.close_reason: str | None = None
         self._sending_since: float | None = None
         self._final_state: ConsumerState | None = None
+        self._task: asyncio.Task[Any] | None = None
+        self._feed: Feed | None = None
+        self._relay: _Relay | None = None
+        self._kick_request: tuple[str, float] | None = None
 
     # -- metrics ---------------------------------------------------------------------
 
@@ -135,24 +154,48 @@ class Consumer:
     async def run(self, sink: FrameSink) -> None:
         """Send frames from the cursor on until the process ends, the transport stalls
         (kick) or the task is cancelled (the peer went away)."""
+        self._task = asyncio.current_task()
+        self._relay = relay = _Relay(sink)
+        self._feed = feed = self.source.fanout.attach(self)
         self._record("consumer.attached", cursor=self.cursor)
         reason = "end"
         try:
-            await self._stream(sink)
+            await self._stream(relay, feed)
         except _Kicked as kicked:
             reason = "kicked"
-            await self._kick(sink, kicked.blocked_for)
+            await self._kick(relay, "stalled", kicked.blocked_for)
         except asyncio.CancelledError:
-            reason = "detached"
-            raise
+            if self._kick_request is None:
+                reason = "detached"
+                raise
+            reason = "kicked"
+            _uncancel()
+            await self._kick(relay, *self._kick_request)
         except SandboxkitError as exc:
             reason = exc.code
-            await self._try_send(sink, encode_frame(FrameKind.ERROR, exc.to_wire()))
+            await self._try_send(relay, encode_frame(FrameKind.ERROR, exc.to_wire()))
         finally:
+            feed.close()
             self._finish("kicked" if reason == "kicked" else "closed", reason)
-            await sink.close()
+            await relay.close()
 
-    async def _stream(self, sink: FrameSink) -> None:
+    def kick(self, reason: str, blocked_for: float) -> None:
+        """Kick from outside the consumer's task (a fan-out policy's shared loop)."""
+        if self._final_state is None and self._kick_request is None and self._task:
+            self._kick_request = (reason, blocked_for)
+            self._task.cancel()
+
+    def become_ghost(self, ghost: FrameSink) -> FrameSink | None:
+        """Keep streaming into ``ghost`` instead of the current transport, which is
+        returned for the caller to close (a pause snapshot's stale stream, F1)."""
+        if self._relay is None or self._final_state is not None:
+            return None
+        old, self._relay.target = self._relay.target, ghost
+        self.peer = f"ghost (was {self.peer})"
+        self._record("consumer.ghosted", cursor=self.cursor)
+        return old
+
+    async def _stream(self, sink: FrameSink, feed: Feed) -> None:
         log = self.source.log
         await self._send(
             sink,
@@ -166,7 +209,8 @@ class Consumer:
                     "head": log.head,
                     "first_seq": log.first_seq,
                     "keepalive_interval": self.config.keepalive_interval,
-                    "stall_timeout": self.config.stall_timeout,
+                    "stall_timeout": feed.stall_timeout,
+                    "fanout": self.source.fanout.name,
                     **self.source.states(),
                 },
             ),
@@ -174,7 +218,8 @@ class Consumer:
         batch_limit = self.config.send_batch
         keepalive = self.config.keepalive_interval
         while True:
-            gap, chunks = log.read(self.cursor, batch_limit)
+            pulled = await feed.pull(self.cursor, batch_limit, keepalive)
+            gap = pulled.gap
             if gap is not None:
                 self._record(
                     "consumer.gap",
@@ -194,10 +239,9 @@ class Consumer:
                     ),
                 )
                 self.cursor = gap.first_available
-            if chunks:
-                await self._send_chunks(sink, chunks)
-                continue
-            if log.ended:
+            if pulled.chunks:
+                await self._send_chunks(sink, pulled.chunks)
+            if pulled.ended:
                 await self._send(
                     sink,
                     encode_frame(
@@ -206,7 +250,7 @@ class Consumer:
                     ),
                 )
                 return
-            if not await log.wait(self.cursor, keepalive):
+            if gap is None and not pulled.chunks:
                 await self._send(
                     sink,
                     encode_frame(
@@ -238,7 +282,7 @@ class Consumer:
         started = time.monotonic()
         self._sending_since = started
         try:
-            await within(sink.send(data), self.config.stall_timeout)
+            await within(sink.send(data), self._feed.stall_timeout if self._feed else None)
         except TimeoutError:
             raise _Kicked(time.monotonic() - started) from None
         finally:
@@ -247,10 +291,10 @@ class Consumer:
         self.frames_sent += frames
         self.last_send = time.time()
 
-    async def _kick(self, sink: FrameSink, blocked_for: float) -> None:
+    async def _kick(self, sink: FrameSink, reason: str, blocked_for: float) -> None:
         self._record(
             "consumer.kicked",
-            reason="stalled",
+            reason=reason,
             cursor=self.cursor,
             lag_bytes=self.lag_bytes,
             blocked_for=round(blocked_for, 3),
@@ -260,7 +304,7 @@ class Consumer:
             pid=self.source.pid,
             cursor=self.cursor,
             blocked_for=round(blocked_for, 3),
-            reason="stalled",
+            reason=reason,
         )
         await self._try_send(sink, encode_frame(FrameKind.ERROR, error.to_wire()))
 
@@ -289,6 +333,13 @@ class Consumer:
             name=self.name,
             **data,
         )
+
+
+def _uncancel() -> None:
+    # The kick cancelled this task on purpose; the task goes on to close cleanly.
+    task = asyncio.current_task()
+    if task is not None and hasattr(task, "uncancel"):
+        task.uncancel()
 
 
 def _wall(monotonic_ts: float) -> float:

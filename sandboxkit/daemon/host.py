@@ -22,7 +22,6 @@ from sandboxkit.errors import InvalidArgument, SandboxNotFound, SandboxPaused
 __all__ = ["Host"]
 
 _CLOSED_CONSUMERS_KEPT = 64
-FANOUT_POLICIES = ("cursor",)
 
 
 class Host:
@@ -83,13 +82,12 @@ class Host:
         on_timeout: OnTimeout = "pause",
         auto_resume: bool = False,
         metadata: dict[str, str] | None = None,
-        fanout: str = "cursor",
+        fanout: str | None = None,
+        kick_grace: float | None = None,
+        pause_ghosts: bool = False,
+        ghost_buffer: int | None = None,
     ) -> Sandbox:
         """Create a sandbox with its own working directory and process tree."""
-        if fanout not in FANOUT_POLICIES:
-            raise InvalidArgument(
-                f"fanout must be one of {', '.join(FANOUT_POLICIES)}", field="fanout"
-            )
         sandbox_id = "sbx-" + secrets.token_hex(4)
         workdir = self.root / sandbox_id
         workdir.mkdir()
@@ -108,6 +106,9 @@ class Host:
                 auto_resume=auto_resume,
                 metadata=metadata,
                 fanout=fanout,
+                kick_grace=kick_grace,
+                pause_ghosts=pause_ghosts,
+                ghost_buffer=ghost_buffer,
             )
         except BaseException:
             # A refused sandbox (e.g. a bad timeout) must not leak its directory or cgroup.
@@ -169,10 +170,16 @@ class Host:
             del process.consumers[old.consumer_id]
         return consumer
 
-    async def serve(self, consumer: Consumer, sink: FrameSink) -> None:
+    def start_stream(self, consumer: Consumer, sink: FrameSink) -> asyncio.Task[None]:
         """Run ``consumer`` into ``sink`` as a task the host owns (cancelled on close)."""
         task = asyncio.get_running_loop().create_task(consumer.run(sink))
         self._streams.add(task)
+        task.add_done_callback(self._streams.discard)
+        return task
+
+    async def serve(self, consumer: Consumer, sink: FrameSink) -> None:
+        """Run ``consumer`` into ``sink`` until it ends; cancelling this cancels it."""
+        task = self.start_stream(consumer, sink)
         try:
             await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -180,8 +187,6 @@ class Host:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             raise
-        finally:
-            self._streams.discard(task)
 
     def consumers(self, sandbox_id: str | None = None) -> list[dict[str, Any]]:
         """Metrics of every consumer (attached, and recently closed or kicked)."""

@@ -18,6 +18,7 @@ import psutil
 from sandboxkit.daemon.config import DaemonConfig
 from sandboxkit.daemon.consumers import Consumer
 from sandboxkit.daemon.events import EventJournal
+from sandboxkit.daemon.fanout import Fanout, make_fanout
 from sandboxkit.daemon.output_log import OutputLog
 from sandboxkit.daemon.tree import ProcessTree
 from sandboxkit.daemon.stdin import StdinLedger
@@ -112,6 +113,10 @@ def _widen_pipes(transport: asyncio.SubprocessTransport) -> None:
                 fcntl.fcntl(handle.fileno(), set_size, _PIPE_SIZE)
 
 
+def _default_fanout(config: DaemonConfig) -> Callable[[OutputLog], Fanout]:
+    return lambda log: make_fanout(config.fanout, log, config, grace=config.kick_grace)
+
+
 class ManagedProcess:
     """One process of a sandbox and everything the daemon keeps about it."""
 
@@ -122,12 +127,14 @@ class ManagedProcess:
         config: DaemonConfig,
         journal: EventJournal,
         sandbox_state: Callable[[], str],
+        fanout: Callable[[OutputLog], Fanout] | None = None,
     ) -> None:
         self.sandbox_id = sandbox_id
         self.spec = spec
         self.config = config
         self.journal = journal
         self.log = OutputLog(config.retention_bytes)
+        self.fanout: Fanout = (fanout or _default_fanout(config))(self.log)
         self.pid = -1
         self.started_at = time.time()
         self.restarted_from: int | None = None
@@ -277,11 +284,12 @@ class ManagedProcess:
                 os.kill(pid, sig)
 
     async def close(self) -> None:
-        """Cancel this process's own tasks (its exit watcher, its deadline)."""
+        """Cancel this process's own tasks (its exit watcher, its deadline, its fan-out)."""
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self.fanout.close()
         self._close_transports()
 
     def _own(self, coro: Any) -> None:

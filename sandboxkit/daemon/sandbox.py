@@ -12,7 +12,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sandboxkit.daemon.config import DaemonConfig
+from sandboxkit.daemon.consumers import Consumer
 from sandboxkit.daemon.events import EventJournal
+from sandboxkit.daemon.fanout import FANOUT_POLICIES, Fanout, make_fanout
+from sandboxkit.daemon.ghost import GhostSink
+from sandboxkit.daemon.output_log import OutputLog
 from sandboxkit.daemon.process import ManagedProcess, ProcessSpec
 from sandboxkit.daemon.tree import ProcessTree
 from sandboxkit.errors import InvalidArgument, ProcessNotFound, ResultUnavailable
@@ -39,7 +43,10 @@ class Sandbox:
         on_timeout: OnTimeout = "pause",
         auto_resume: bool = False,
         metadata: dict[str, str] | None = None,
-        fanout: str = "cursor",
+        fanout: str | None = None,
+        kick_grace: float | None = None,
+        pause_ghosts: bool = False,
+        ghost_buffer: int | None = None,
     ) -> None:
         if timeout is not None and timeout <= 0:
             raise InvalidArgument("timeout must be positive", field="timeout")
@@ -55,7 +62,19 @@ class Sandbox:
         self.on_timeout: OnTimeout = on_timeout
         self.auto_resume = auto_resume
         self.metadata = dict(metadata or {})
-        self.fanout = fanout
+        self.fanout = fanout or config.fanout
+        if self.fanout not in FANOUT_POLICIES:
+            raise InvalidArgument(
+                f"fanout must be one of {', '.join(FANOUT_POLICIES)}", field="fanout"
+            )
+        if kick_grace is not None and kick_grace < 0:
+            raise InvalidArgument("kick_grace must not be negative", field="kick_grace")
+        if ghost_buffer is not None and ghost_buffer <= 0:
+            raise InvalidArgument("ghost_buffer must be positive", field="ghost_buffer")
+        self.kick_grace = config.kick_grace if kick_grace is None else kick_grace
+        self.pause_ghosts = pause_ghosts
+        self.ghost_buffer = ghost_buffer or config.ghost_buffer
+        self._snapshot: list[Consumer] = []
         self.state: SandboxState = "running"
         self.created_at = time.time()
         self.killed_at: float | None = None
@@ -80,7 +99,9 @@ class Sandbox:
 
     async def start_process(self, spec: ProcessSpec) -> ManagedProcess:
         """Start a process; it runs until it exits, is killed or hits its own deadline."""
-        process = ManagedProcess(self.sandbox_id, spec, self.config, self.journal, self._state)
+        process = ManagedProcess(
+            self.sandbox_id, spec, self.config, self.journal, self._state, self._fanout
+        )
         await process.start(self.tree, str(self.workdir), self.envs)
         self.processes[process.pid] = process
         self.journal.record(
@@ -92,6 +113,9 @@ class Sandbox:
             argv=list(spec.argv) if spec.argv else None,
         )
         return process
+
+    def _fanout(self, log: OutputLog) -> Fanout:
+        return make_fanout(self.fanout, log, self.config, grace=self.kick_grace)
 
     def process(self, pid: int) -> ManagedProcess:
         """A known process (running or exited within the TTL), or ProcessNotFound."""
@@ -153,6 +177,13 @@ class Sandbox:
             if self.state != "running":
                 return
             await self.tree.freeze()
+            if self.pause_ghosts:
+                self._snapshot = [
+                    c
+                    for p in self.processes.values()
+                    for c in p.consumers.values()
+                    if c.closed_at is None
+                ]
             self.state = "paused"
             self.journal.record("sandbox.paused", sandbox_id=self.sandbox_id, reason=reason)
 
@@ -162,9 +193,22 @@ class Sandbox:
             if self.state != "paused":
                 return
             await self.tree.thaw()
+            await self._restore_snapshot()
             self.state = "running"
             self.touch()
             self.journal.record("sandbox.resumed", sandbox_id=self.sandbox_id, reason=reason)
+
+    async def _restore_snapshot(self) -> None:
+        """What a snapshot restore does to the streams that were open at pause: their
+        clients are disconnected, their daemon-side consumers live on as ghosts."""
+        snapshot, self._snapshot = self._snapshot, []
+        for consumer in snapshot:
+            ghost = await GhostSink.open(self.ghost_buffer)
+            old = consumer.become_ghost(ghost)
+            if old is None:
+                await ghost.close()
+            else:
+                await old.close()
 
     async def kill(self, reason: str = "user") -> None:
         """Kill every process (SIGTERM, then SIGKILL), release the tree and the workdir."""
@@ -200,6 +244,8 @@ class Sandbox:
             "auto_resume": self.auto_resume,
             "metadata": self.metadata,
             "fanout": self.fanout,
+            "kick_grace": self.kick_grace,
+            "pause_ghosts": self.pause_ghosts,
             "created_at": self.created_at,
             "killed_at": self.killed_at,
             "freezer": self.tree.backend,
