@@ -80,6 +80,20 @@ def _cmd_stop(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    from sandboxkit.demo import run_experiment
+
+    return run_experiment(
+        cycles=args.cycles,
+        policies=args.policies,
+        ghosts=args.ghost,
+        out=Path(args.out),
+        deadline=args.deadline,
+        kick_grace=args.kick_grace,
+        progress=not args.no_progress,
+    )
+
+
+def _cmd_tour(args: argparse.Namespace) -> int:
     from sandboxkit.demo import run_tour
 
     return run_tour(lines=args.lines)
@@ -138,9 +152,27 @@ def _parser() -> argparse.ArgumentParser:
     stop.add_argument("--timeout", type=float, default=20.0)
     stop.set_defaults(func=_cmd_stop)
 
-    demo = sub.add_parser("demo", help="a tour on the embedded default daemon")
-    demo.add_argument("--lines", type=int, default=120)
+    demo = sub.add_parser(
+        "demo", help="the stall experiment: policies x ghosts, stall table, CSV and PNG"
+    )
+    demo.add_argument("--cycles", type=int, default=6)
+    demo.add_argument(
+        "--policies", nargs="+", default=["blocking", "kick", "cursor"],
+        choices=["blocking", "kick", "cursor"],
+    )
+    demo.add_argument(
+        "--ghost", nargs="+", default=["pause-snapshot"],
+        choices=["pause-snapshot", "leaky", "frozen", "none"],
+    )
+    demo.add_argument("--out", default="demo-output", help="folder for the CSV and PNG")
+    demo.add_argument("--deadline", type=float, default=3.0, help="seconds per refresh")
+    demo.add_argument("--kick-grace", type=float, default=None, help="kick policy's grace")
+    demo.add_argument("--no-progress", action="store_true")
     demo.set_defaults(func=_cmd_demo)
+
+    tour = sub.add_parser("tour", help="a walk through the runtime: consumers, pause, reattach")
+    tour.add_argument("--lines", type=int, default=120)
+    tour.set_defaults(func=_cmd_tour)
     return parser
 
 

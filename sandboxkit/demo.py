@@ -1,16 +1,20 @@
-"""``sandboxkit demo``: a tour of the runtime on the embedded default daemon."""
+"""``sandboxkit demo`` (the stall experiment) and ``sandboxkit tour`` (a walk through the
+runtime), both on the embedded default daemon."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import threading
 import time
+from collections.abc import Sequence
+from pathlib import Path
 
 import pandas as pd
 
 from sandboxkit.client.sync import Sandbox
 
-__all__ = ["run_tour"]
+__all__ = ["run_experiment", "run_tour"]
 
 _WORKER = (
     "import sys, time\n"
@@ -106,3 +110,46 @@ def run_tour(lines: int = 120) -> int:
         ok = bool(summary["complete and in order"].all())
     _say("\nsandbox killed; the daemon keeps running (`sandboxkit stop` ends it)")
     return 0 if ok else 1
+
+
+def run_experiment(
+    cycles: int = 6,
+    policies: Sequence[str] = ("blocking", "kick", "cursor"),
+    ghosts: Sequence[str] = ("pause-snapshot",),
+    out: Path = Path("demo-output"),
+    *,
+    deadline: float = 3.0,
+    kick_grace: float | None = None,
+    progress: bool = True,
+) -> int:
+    """The main job: reproduce the stall under each fan-out policy, print the stall table,
+    and write the per-cycle CSV and a PNG of the stall rates into ``out``."""
+    from sandboxkit.lab.experiment import compare
+    from sandboxkit.lab.plots import plot_cycle_timeline, plot_stall_rates, save_figure
+    from sandboxkit.lab.stats import format_stall_table, stall_table
+
+    _say(
+        f"sandboxkit demo: {cycles} pause/resume/reattach cycles x "
+        f"{', '.join(policies)} with {', '.join(ghosts)} ghosts (deadline {deadline}s)"
+    )
+    frame = asyncio.run(
+        compare(
+            policies,
+            ghosts,
+            cycles,
+            progress=progress,
+            deadline=deadline,
+            kick_grace=kick_grace,
+        )
+    )
+    table = stall_table(frame)
+    _say("\n" + format_stall_table(table))
+    out.mkdir(parents=True, exist_ok=True)
+    csv_path = out / "cycles.csv"
+    frame.to_csv(csv_path, index=False)
+    table.to_csv(out / "stall_table.csv", index=False)
+    png = out / "stall_rates.png"
+    save_figure(plot_stall_rates(table), png)
+    save_figure(plot_cycle_timeline(frame), out / "timeline.png")
+    _say(f"\nwrote {csv_path}, {out / 'stall_table.csv'}, {png} and {out / 'timeline.png'}")
+    return 0

@@ -273,7 +273,7 @@ def test_demo_tour(tmp_path: Path) -> None:
     state_path = tmp_path / "demo" / "daemon.json"
     env = _env(state_path)
     try:
-        result = cli("demo", "--lines", "40", env=env, timeout=90)
+        result = cli("tour", "--lines", "40", env=env, timeout=90)
         state = read_state(state_path)
     finally:
         stop_daemon(state_path, env)

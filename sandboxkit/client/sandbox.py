@@ -36,6 +36,7 @@ _CONSUMER_COLUMNS = [
     "closed_at",
     "close_reason",
     "peer",
+    "ghost",
 ]
 
 
@@ -139,6 +140,11 @@ class AsyncSandbox:
             return [SandboxInfo.from_json(s) for s in await api.call("GET", "/sandboxes")]
         finally:
             await api.aclose()
+
+    @property
+    def connection(self) -> Connection:
+        """The daemon this sandbox lives on (url and token)."""
+        return Connection(self._api.url, self._api.token)
 
     # -- lifecycle -------------------------------------------------------------------
 

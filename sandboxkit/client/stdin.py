@@ -160,7 +160,8 @@ class StdinSession:
 
     def _next_change(self) -> asyncio.Future[None]:
         """A future resolved at the next write, ack or close (no lost wake-ups)."""
-        if self._pulse is None:
+        if self._pulse is None or self._pulse.done():
+            # A pulse can be done without _notify: cancelled by a task that awaited it.
             self._pulse = asyncio.get_running_loop().create_future()
         return self._pulse
 
@@ -176,11 +177,14 @@ class StdinSession:
     async def _run(self) -> None:
         failures = 0
         while not self.finished:
+            acked_before = self.acked
             try:
                 await self._one_connection()
             except RETRIABLE:
                 if self.finished:
                     return  # F7: everything was acked; a late error changes nothing
+                if self.acked > acked_before:
+                    failures = 0  # the connection made progress: count failures afresh
                 if not self._unacked:
                     # Idle when the connection broke: nothing was lost, no retry spent.
                     # Reconnect once there is something to send (or we are done).
@@ -199,6 +203,7 @@ class StdinSession:
         conn = await self.transport.connect(self.session_id)
         sender = asyncio.get_running_loop().create_task(self._send_loop(conn))
         acks = conn.acks()
+        next_ack: asyncio.Future[int] | None = None
         try:
             while not self.finished:
                 next_ack = asyncio.ensure_future(acks.__anext__())
@@ -216,6 +221,10 @@ class StdinSession:
                     raise DaemonUnavailable("stdin connection closed") from None
                 self._on_ack(seq)
         finally:
+            # Cancelled (abort) while waiting: the pending ack read must not outlive us.
+            if next_ack is not None and not next_ack.done():
+                next_ack.cancel()
+                await asyncio.gather(next_ack, return_exceptions=True)
             sender.cancel()
             await asyncio.gather(sender, return_exceptions=True)
             await conn.aclose()
@@ -227,7 +236,9 @@ class StdinSession:
             change = self._next_change()
             pending = [(seq, data) for seq, data in self._unacked if seq >= sent_upto]
             if not pending:
-                await change
+                # Shielded: cancelling this sender (a dropped connection) must not cancel
+                # the pulse the runner and writers wait on too.
+                await asyncio.shield(change)
                 continue
             for seq, data in pending:
                 await conn.send(seq, data)

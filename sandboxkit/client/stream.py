@@ -172,7 +172,9 @@ class ProcessStream:
             try:
                 # Not asyncio.wait_for: before 3.12 it swallows a cancellation that arrives
                 # as the awaited frame completes, so disconnect() could hang forever.
-                frames: AsyncIterator[Frame] = await within(opened, _OPEN_TIMEOUT)
+                # Bounded like any silence once the keepalive interval is known: a frozen
+                # daemon's kernel still accepts the connection, and nobody answers.
+                frames: AsyncIterator[Frame] = await within(opened, self.watchdog_bound)
             except TimeoutError:
                 raise _Silent() from None
             self.stats.attaches += 1

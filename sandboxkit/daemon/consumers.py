@@ -103,6 +103,8 @@ class Consumer:
         self._feed: Feed | None = None
         self._relay: _Relay | None = None
         self._kick_request: tuple[str, float] | None = None
+        self.ghost = False
+        """True once a pause snapshot turned this consumer into a ghost."""
 
     # -- metrics ---------------------------------------------------------------------
 
@@ -136,6 +138,7 @@ class Consumer:
             "sandbox_id": self.source.sandbox_id,
             "pid": self.source.pid,
             "peer": self.peer,
+            "ghost": self.ghost,
             "cursor": self.cursor,
             "head": self.source.log.head,
             "lag_bytes": self.lag_bytes,
@@ -188,10 +191,10 @@ class Consumer:
     def become_ghost(self, ghost: FrameSink) -> FrameSink | None:
         """Keep streaming into ``ghost`` instead of the current transport, which is
         returned for the caller to close (a pause snapshot's stale stream, F1)."""
-        if self._relay is None or self._final_state is not None:
+        if self._relay is None or self._final_state is not None or self.ghost:
             return None
         old, self._relay.target = self._relay.target, ghost
-        self.peer = f"ghost (was {self.peer})"
+        self.ghost = True
         self._record("consumer.ghosted", cursor=self.cursor)
         return old
 

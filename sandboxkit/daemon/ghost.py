@@ -34,7 +34,9 @@ class GhostSink:
     """A frame sink whose socket has a ``buffer``-byte send buffer and a peer that never
     reads: sends succeed until the buffers fill, then block forever."""
 
-    def __init__(self, transport: asyncio.WriteTransport, flow: _FlowControl, peer: socket.socket):
+    def __init__(
+        self, transport: asyncio.WriteTransport, flow: _FlowControl, peer: socket.socket
+    ) -> None:
         self._transport = transport
         self._flow = flow
         self._peer = peer
@@ -51,7 +53,8 @@ class GhostSink:
         transport, _ = await asyncio.get_running_loop().create_unix_connection(
             lambda: flow, sock=ours
         )
-        transport.set_write_buffer_limits(high=buffer)
+        # No user-space slack either: once the socket is full, the next send blocks.
+        transport.set_write_buffer_limits(high=0)
         return cls(transport, flow, peer)
 
     async def send(self, data: bytes) -> None:

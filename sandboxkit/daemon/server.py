@@ -21,7 +21,16 @@ from sandboxkit.daemon.config import DaemonConfig
 from sandboxkit.daemon.host import Host
 from sandboxkit.statefile import DaemonState, remove_state, write_state
 
-__all__ = ["DaemonServer"]
+__all__ = ["SEND_BUFFER", "DaemonServer"]
+
+SEND_BUFFER = 128 * 1024
+"""Kernel send buffer of every connection (the kernel may double it).
+
+A consumer's send completes only when the kernel takes more bytes, and the kernel wakes a
+writer only after about a third of the send buffer drained. An autotuned buffer grows to
+megabytes, so a consumer reading steadily but slowly (say 300 KB/s) would show no progress
+for seconds and be kicked like a ghost; a bounded buffer keeps its progress visible every
+few tens of KB, and bounds the bytes a ghost's connection pins."""
 
 
 class _Server(uvicorn.Server):
@@ -64,6 +73,8 @@ class DaemonServer:
         self.state_path = state_path
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # Accepted connections inherit it (Linux, BSD, macOS).
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
         self._sock.bind((bind, port))
         self._sock.listen(512)
         self._sock.setblocking(False)

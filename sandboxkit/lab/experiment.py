@@ -1,0 +1,227 @@
+"""The reattach experiment: pause → resume → reattach → refresh, cycle after cycle.
+
+This is how the public reports measured the stall (a stdio server reattached after a
+resume answered the first request and then went silent in 6 of 6 cycles). Here it runs on
+real processes and real sockets, under any fan-out policy and ghost kind, and every number
+in the resulting table is measured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from sandboxkit.client.sandbox import AsyncSandbox
+from sandboxkit.lab.ghosts import GHOST_KINDS, Ghost, make_ghost
+from sandboxkit.lab.jsonrpc import JsonRpcClient
+
+__all__ = ["CYCLE_COLUMNS", "POLICIES", "REFRESH", "compare", "reattach_cycles"]
+
+POLICIES = ("blocking", "kick", "cursor")
+REFRESH = ("tools/list", "resources/list", "prompts/list")
+"""What a client asks for after a reattach (an MCP client's refresh)."""
+
+CYCLE_COLUMNS = [
+    "policy",
+    "ghost",
+    "cycle",
+    "responses_expected",
+    "responses_complete",
+    "bytes_received",
+    "time_to_first_byte",
+    "time_to_complete",
+    "stalled",
+    "kicks",
+    "gaps",
+    "t_pause",
+    "t_resume",
+    "t_reattach",
+    "t_first_byte",
+    "t_complete",
+    "t_kick",
+    "deadline",
+]
+
+
+@dataclass
+class _Cycle:
+    start: float
+    wall_start: float
+    t_pause: float = math.nan
+    t_resume: float = math.nan
+    t_reattach: float = math.nan
+    t_first_byte: float = math.nan
+    t_complete: float = math.nan
+
+    def at(self) -> float:
+        return time.monotonic() - self.start
+
+
+async def reattach_cycles(
+    cycles: int = 6,
+    policy: str = "cursor",
+    ghost: str = "pause-snapshot",
+    *,
+    deadline: float = 3.0,
+    response_size: int = 6000,
+    kick_grace: float | None = None,
+    ghost_buffer: int = 4096,
+    url: str | None = None,
+    token: str | None = None,
+    on_cycle: Callable[[dict[str, Any]], Any] | None = None,
+) -> pd.DataFrame:
+    """Run ``cycles`` reattach cycles in a fresh sandbox; one row per cycle.
+
+    Each cycle: (make a client-side ghost, for ``leaky``/``frozen``) → pause → resume →
+    drop the old client → ``connect(pid)`` a new one at the head → send the refresh
+    (``tools/list``, ``resources/list``, ``prompts/list``) at once and wait ``deadline``
+    seconds for the answers. A cycle is *stalled* if any answer is missing by then.
+    """
+    if ghost not in GHOST_KINDS:
+        raise ValueError(f"ghost must be one of {', '.join(GHOST_KINDS)}")
+    sbx = await AsyncSandbox.create(
+        fanout=policy,
+        kick_grace=kick_grace,
+        pause_ghosts=ghost == "pause-snapshot",
+        ghost_buffer=ghost_buffer,
+        url=url,
+        token=token,
+        metadata={"lab": f"{policy}/{ghost}"},
+    )
+    rows: list[dict[str, Any]] = []
+    ghosts: list[Ghost] = []
+    client: JsonRpcClient | None = None
+    try:
+        # Each response goes out in 1 KiB pieces a moment apart, so that it spans several
+        # output chunks, as a real server's larger answers do.
+        server = await sbx.commands.start(
+            [
+                sys.executable,
+                "-m",
+                "sandboxkit.lab.stdio_server",
+                "--response-size",
+                str(response_size),
+                "--piece-delay",
+                "0.001",
+            ]
+        )
+        pid = server.pid
+        client = JsonRpcClient(sbx, pid, cursor=0)
+        await client.start()
+        await client.request("initialize", {"protocolVersion": "2025-06-18"}, deadline=10.0)
+        conn = sbx.connection
+        for index in range(cycles):
+            events_from = await _journal_head(sbx)
+            cycle = _Cycle(time.monotonic(), time.time())
+            made = await make_ghost(
+                ghost, conn.url, conn.token, sbx.sandbox_id, pid, buffer=ghost_buffer
+            )
+            if made is not None:
+                ghosts.append(made)
+            await sbx.pause()
+            cycle.t_pause = cycle.at()
+            await sbx.resume()
+            cycle.t_resume = cycle.at()
+            await client.close()
+            head = (await sbx.commands.get(pid)).head
+            client = JsonRpcClient(sbx, pid, cursor=head)
+            await client.start()
+            cycle.t_reattach = cycle.at()
+            complete = await _refresh(client, deadline)
+            if client.first_byte_at is not None:
+                cycle.t_first_byte = client.first_byte_at - cycle.start
+            if complete == len(REFRESH):
+                cycle.t_complete = cycle.at()
+            events = await sbx.raw_events(since=events_from)
+            kicks = [e for e in events if e["kind"] == "consumer.kicked"]
+            row = {
+                "policy": policy,
+                "ghost": ghost,
+                "cycle": index,
+                "responses_expected": len(REFRESH),
+                "responses_complete": complete,
+                "bytes_received": client.bytes_received,
+                "time_to_first_byte": cycle.t_first_byte - cycle.t_reattach,
+                "time_to_complete": cycle.t_complete - cycle.t_reattach,
+                "stalled": complete < len(REFRESH),
+                "kicks": len(kicks),
+                "gaps": sum(1 for e in events if e["kind"] == "consumer.gap"),
+                "t_pause": cycle.t_pause,
+                "t_resume": cycle.t_resume,
+                "t_reattach": cycle.t_reattach,
+                "t_first_byte": cycle.t_first_byte,
+                "t_complete": cycle.t_complete,
+                "t_kick": min((e["ts"] - cycle.wall_start for e in kicks), default=math.nan),
+                "deadline": deadline,
+            }
+            rows.append(row)
+            if on_cycle is not None:
+                on_cycle(row)
+    finally:
+        if client is not None:
+            await client.close()
+        for made in ghosts:
+            await asyncio.to_thread(made.close)
+        await sbx.kill()
+    return pd.DataFrame(rows, columns=CYCLE_COLUMNS)
+
+
+async def _journal_head(sbx: AsyncSandbox) -> int:
+    events = await sbx.raw_events()
+    return int(events[-1]["seq"]) + 1 if events else 0
+
+
+async def _refresh(client: JsonRpcClient, deadline: float) -> int:
+    """Send the refresh requests together; count the answers within ``deadline``."""
+    results = await asyncio.gather(
+        *(client.request(method, {}, deadline=deadline) for method in REFRESH),
+        return_exceptions=True,
+    )
+    return sum(1 for r in results if not isinstance(r, BaseException))
+
+
+async def compare(
+    policies: Sequence[str] = POLICIES,
+    ghosts: Sequence[str] = ("pause-snapshot",),
+    cycles: int = 6,
+    *,
+    progress: bool = True,
+    **options: Any,
+) -> pd.DataFrame:
+    """:func:`reattach_cycles` over every policy × ghost kind; one row per cycle, with a
+    progress bar (``tqdm``) counting cycles."""
+    grid: Iterable[tuple[str, str]] = [(p, g) for p in policies for g in ghosts]
+    bar = _progress(len(policies) * len(ghosts) * cycles, progress)
+    frames = []
+    try:
+        for policy, ghost in grid:
+            if bar is not None:
+                bar.set_description(f"{policy}/{ghost}")
+            frames.append(
+                await reattach_cycles(
+                    cycles,
+                    policy,
+                    ghost,
+                    on_cycle=(lambda _row: bar.update(1)) if bar is not None else None,
+                    **options,
+                )
+            )
+    finally:
+        if bar is not None:
+            bar.close()
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=CYCLE_COLUMNS)
+
+
+def _progress(total: int, enabled: bool) -> Any:
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="cycle", file=sys.stderr)

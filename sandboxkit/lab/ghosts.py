@@ -1,0 +1,148 @@
+"""Ghost makers: real consumers that stop reading, each the way it happens in the wild.
+
+* :class:`LeakyClient` attaches to a stream and never reads again, without closing — an
+  HTTP/2 stream that was never reset, a response nobody closed (F4).
+* :class:`FrozenClient` is a reader in a separate process that gets SIGSTOP.
+* Pause-snapshot ghosts are made by the daemon itself: create the sandbox with
+  ``pause_ghosts=True`` and every stream open at a pause becomes a ghost on resume.
+
+Each ghost's receive buffer is small by default (``buffer``), so a wedge shows after a
+response or two, as in the public reports, rather than after megabytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+from urllib.parse import urlsplit
+
+__all__ = ["GHOST_KINDS", "FrozenClient", "Ghost", "LeakyClient", "make_ghost"]
+
+GHOST_KINDS = ("pause-snapshot", "leaky", "frozen", "none")
+
+
+def _request(url: str, token: str | None, sandbox_id: str, pid: int, name: str) -> bytes:
+    path = f"/sandboxes/{sandbox_id}/processes/{pid}/stream?name={name}"
+    auth = f"Authorization: Bearer {token}\r\n" if token else ""
+    host = urlsplit(url).netloc
+    return f"GET {path} HTTP/1.1\r\nHost: {host}\r\n{auth}\r\n".encode()
+
+
+def _address(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    return parts.hostname or "127.0.0.1", parts.port or 80
+
+
+class Ghost:
+    """A consumer that stopped reading. Close it to release it."""
+
+    kind = "none"
+
+    def close(self) -> None:
+        """Release the ghost (its socket or its process)."""
+
+
+class LeakyClient(Ghost):
+    """Attaches to a process's stream, reads the response head, then never reads again
+    and never closes (until :meth:`close`)."""
+
+    kind = "leaky"
+
+    def __init__(
+        self, url: str, token: str | None, sandbox_id: str, pid: int, *, buffer: int = 4096
+    ):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # Set before connect, so the advertised window is small from the start.
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer)
+        self.sock.settimeout(10)
+        self.sock.connect(_address(url))
+        self.sock.sendall(_request(url, token, sandbox_id, pid, "ghost-leaky"))
+        head = b""
+        while b"\r\n\r\n" not in head:
+            data = self.sock.recv(1)
+            if not data:
+                raise ConnectionError("daemon closed the ghost's stream at once")
+            head += data
+        if not head.startswith(b"HTTP/1.1 200"):
+            raise ConnectionError(head.split(b"\r\n", 1)[0].decode(errors="replace"))
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+
+_FROZEN_READER = """
+import socket, sys
+host, port, request, buffer = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+sock = socket.socket()
+sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer)
+sock.connect((host, port))
+sock.sendall(request.encode())
+first = True
+while True:
+    data = sock.recv(65536)
+    if not data:
+        break
+    if first:
+        print("attached", flush=True)
+        first = False
+"""
+
+
+class FrozenClient(Ghost):
+    """A reader in its own process, stopped with SIGSTOP once it is attached."""
+
+    kind = "frozen"
+
+    def __init__(
+        self, url: str, token: str | None, sandbox_id: str, pid: int, *, buffer: int = 4096
+    ):
+        host, port = _address(url)
+        request = _request(url, token, sandbox_id, pid, "ghost-frozen").decode()
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                _FROZEN_READER,
+                host,
+                str(port),
+                request,
+                str(buffer),
+            ],
+            stdout=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+        )
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()  # blocks until its stream's first bytes
+        if line.strip() != b"attached":
+            self.close()
+            raise ConnectionError("frozen-client reader failed to attach")
+        os.kill(self.process.pid, signal.SIGSTOP)
+
+    def close(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.process.kill()
+            os.kill(self.process.pid, signal.SIGCONT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(5)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+
+
+async def make_ghost(
+    kind: str, url: str, token: str | None, sandbox_id: str, pid: int, *, buffer: int = 4096
+) -> Ghost | None:
+    """A client-side ghost of ``kind`` attached to ``pid`` (``None`` for the kinds the
+    daemon makes itself or for ``none``)."""
+    if kind == "leaky":
+        return await asyncio.to_thread(LeakyClient, url, token, sandbox_id, pid, buffer=buffer)
+    if kind == "frozen":
+        return await asyncio.to_thread(FrozenClient, url, token, sandbox_id, pid, buffer=buffer)
+    if kind in ("pause-snapshot", "none"):
+        return None
+    raise ValueError(f"ghost must be one of {', '.join(GHOST_KINDS)}")
