@@ -124,9 +124,7 @@ def _free_port() -> int:
 async def bare_run(port: int, consumers: int) -> float:
     # Timed from the moment the last client is connected, as for the daemon.
     events = [asyncio.Event() for _ in range(consumers)]
-    readers = [
-        asyncio.ensure_future(_read_all(port, f"/?n={consumers}", None, e)) for e in events
-    ]
+    readers = [asyncio.ensure_future(_read_all(port, f"/?n={consumers}", None, e)) for e in events]
     await asyncio.gather(*(e.wait() for e in events))
     start = time.perf_counter()
     totals = await asyncio.gather(*readers)
@@ -148,9 +146,7 @@ async def daemon_run(url: str, token: str, mb: int, consumers: int) -> float:
         pid = proc["pid"]
         path = f"/sandboxes/{sbx}/processes/{pid}/stream?cursor=0"
         events = [asyncio.Event() for _ in range(consumers)]
-        readers = [
-            asyncio.ensure_future(_read_all(port, path, token, e)) for e in events
-        ]
+        readers = [asyncio.ensure_future(_read_all(port, path, token, e)) for e in events]
         await asyncio.gather(*(e.wait() for e in events))  # all attached (start frames)
         start = time.perf_counter()
         go = {"session": "go", "seq": 0, "data": "Cg=="}
@@ -175,8 +171,14 @@ def main() -> None:
     bare = subprocess.Popen([sys.executable, "-c", BARE_APP, str(bare_port), script])
     daemon = subprocess.Popen(
         [
-            sys.executable, "-m", "sandboxkit", "serve", "--state-file", str(state),
-            "--retention-bytes", str(size * 2),
+            sys.executable,
+            "-m",
+            "sandboxkit",
+            "serve",
+            "--state-file",
+            str(state),
+            "--retention-bytes",
+            str(size * 2),
         ],
         stdout=subprocess.DEVNULL,
     )

@@ -157,11 +157,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--cycles", type=int, default=6)
     demo.add_argument(
-        "--policies", nargs="+", default=["blocking", "kick", "cursor"],
+        "--policies",
+        nargs="+",
+        default=["blocking", "kick", "cursor"],
         choices=["blocking", "kick", "cursor"],
     )
     demo.add_argument(
-        "--ghost", nargs="+", default=["pause-snapshot"],
+        "--ghost",
+        nargs="+",
+        default=["pause-snapshot"],
         choices=["pause-snapshot", "leaky", "frozen", "none"],
     )
     demo.add_argument("--out", default="demo-output", help="folder for the CSV and PNG")

@@ -104,8 +104,9 @@ def run_tour(lines: int = 120) -> int:
         _say(timeline[["time", "kind", "pid", "reason"]].to_string(index=False))
         _say("\nconsumers:")
         _say(
-            sbx.consumers()[["name", "state", "cursor", "head", "lag_bytes", "bytes_sent"]]
-            .to_string(index=False)
+            sbx.consumers()[
+                ["name", "state", "cursor", "head", "lag_bytes", "bytes_sent"]
+            ].to_string(index=False)
         )
         ok = bool(summary["complete and in order"].all())
     _say("\nsandbox killed; the daemon keeps running (`sandboxkit stop` ends it)")

@@ -63,7 +63,9 @@ class Frame:
         return error_from_wire(self.meta)
 
 
-def encode_frame(kind: FrameKind, meta: dict[str, Any] | None = None, payload: bytes = b"") -> bytes:
+def encode_frame(
+    kind: FrameKind, meta: dict[str, Any] | None = None, payload: bytes = b""
+) -> bytes:
     """Encode one frame to bytes."""
     meta_bytes = json.dumps(meta or {}, separators=(",", ":")).encode()
     if len(meta_bytes) > MAX_META or len(payload) > MAX_PAYLOAD:

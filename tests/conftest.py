@@ -74,11 +74,7 @@ def no_leaked_processes() -> Iterator[None]:
     yield
     deadline = time.monotonic() + 10
     while True:
-        left = [
-            p
-            for p in me.children(recursive=True)
-            if p.pid not in before and _alive(p)
-        ]
+        left = [p for p in me.children(recursive=True) if p.pid not in before and _alive(p)]
         if not left:
             return
         if time.monotonic() > deadline:

@@ -17,7 +17,7 @@ import httpx
 from sandboxkit.errors import DaemonUnavailable
 from sandboxkit.statefile import DaemonState, default_state_path, read_state
 
-__all__ = ["URL_ENV", "TOKEN_ENV", "Connection", "ensure_local_daemon", "probe", "resolve"]
+__all__ = ["TOKEN_ENV", "URL_ENV", "Connection", "ensure_local_daemon", "probe", "resolve"]
 
 URL_ENV = "SANDBOXKIT_URL"
 TOKEN_ENV = "SANDBOXKIT_TOKEN"

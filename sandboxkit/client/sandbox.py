@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import builtins
 from types import TracebackType
 from typing import Any, Literal
 
@@ -16,7 +17,7 @@ from sandboxkit.client.results import SandboxInfo
 from sandboxkit.client.tasks import TaskOwner
 from sandboxkit.errors import SandboxNotFound
 
-__all__ = ["AsyncSandbox", "events_frame", "consumers_frame"]
+__all__ = ["AsyncSandbox", "consumers_frame", "events_frame"]
 
 _EVENT_COLUMNS = ["seq", "time", "kind", "sandbox_id", "pid", "reason", "data"]
 _CONSUMER_COLUMNS = [
@@ -198,15 +199,15 @@ class AsyncSandbox:
 
     async def events(self, since: int = 0) -> pd.DataFrame:
         """The sandbox's event journal as a DataFrame (one row per transition)."""
-        return events_frame(await self._api.call("GET", self._path + "/events", since=since))
+        return events_frame(await self.raw_events(since))
 
     async def consumers(self) -> pd.DataFrame:
         """Per-consumer metrics: cursor, head, lag, bytes sent, state, blocked-since."""
         return consumers_frame(await self._api.call("GET", self._path + "/consumers"))
 
-    async def raw_events(self, since: int = 0) -> list[dict[str, Any]]:
+    async def raw_events(self, since: int = 0) -> builtins.list[dict[str, Any]]:
         """The event journal as the daemon sends it."""
-        result: list[dict[str, Any]] = await self._api.call(
+        result: builtins.list[dict[str, Any]] = await self._api.call(
             "GET", self._path + "/events", since=since
         )
         return result
@@ -217,14 +218,17 @@ class AsyncSandbox:
 
 def events_frame(events: list[dict[str, Any]]) -> pd.DataFrame:
     """Events as a DataFrame with a datetime ``time`` column."""
-    frame = pd.DataFrame(events, columns=["seq", "ts", "kind", "sandbox_id", "pid", "reason", "data"])
+    frame: pd.DataFrame = pd.DataFrame(
+        events, columns=["seq", "ts", "kind", "sandbox_id", "pid", "reason", "data"]
+    )
     frame.insert(1, "time", pd.to_datetime(frame["ts"], unit="s"))
     frame["pid"] = frame["pid"].astype("Int64")
-    return frame.drop(columns=["ts"])[_EVENT_COLUMNS]
+    result: pd.DataFrame = frame.drop(columns=["ts"])[_EVENT_COLUMNS]
+    return result
 
 
 def consumers_frame(consumers: list[dict[str, Any]]) -> pd.DataFrame:
     """Consumer metrics as a DataFrame."""
-    frame = pd.DataFrame(consumers, columns=_CONSUMER_COLUMNS)
+    frame: pd.DataFrame = pd.DataFrame(consumers, columns=_CONSUMER_COLUMNS)
     frame["pid"] = frame["pid"].astype("Int64")
     return frame

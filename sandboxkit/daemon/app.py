@@ -306,7 +306,9 @@ class _Api:
         if sandbox_id is not None:
             self.host.get(sandbox_id)
         since = _int_param(request, "since", 0) or 0
-        events = self.host.journal.since(since, sandbox_id=sandbox_id, pid=_int_param(request, "pid"))
+        events = self.host.journal.since(
+            since, sandbox_id=sandbox_id, pid=_int_param(request, "pid")
+        )
         return JSONResponse([e.to_json() for e in events])
 
     async def consumers(self, request: Request) -> Response:
@@ -331,7 +333,9 @@ class _Api:
             _Endpoint("GET", sbx + "/processes", "List processes", self.list_processes),
             _Endpoint("GET", proc, "Get a process", self.get_process),
             _Endpoint("POST", proc + "/kill", "Kill a process", self.kill_process),
-            _Endpoint("POST", proc + "/restart", "Kill and restart a process", self.restart_process),
+            _Endpoint(
+                "POST", proc + "/restart", "Kill and restart a process", self.restart_process
+            ),
             _Endpoint("POST", proc + "/stdin", "Write a stdin batch", self.write_stdin),
             _Endpoint("POST", proc + "/stdin/close", "Close stdin", self.close_stdin),
             _Endpoint("GET", proc + "/stream", "Attach a framed output stream", self.stream),
@@ -372,7 +376,10 @@ def _openapi(endpoints: list[_Endpoint]) -> dict[str, Any]:
         for cls in ERROR_TABLE.values():
             responses.setdefault(
                 str(cls.status),
-                {"description": cls.__doc__ or cls.code, "content": {"application/json": {"schema": error}}},
+                {
+                    "description": cls.__doc__ or cls.code,
+                    "content": {"application/json": {"schema": error}},
+                },
             )
         paths.setdefault(ep.path, {})[ep.method.lower()] = {
             "summary": ep.summary,
@@ -456,4 +463,3 @@ def create_app(host: Host, token: str | None) -> ASGIApp:
         exception_handlers={SandboxkitError: _sandboxkit_error, HTTPException: _http_error},
     )
     return BearerAuth(app, token)
-

@@ -4,6 +4,7 @@ sender task, so that no consumer ever waits for another and the producer waits f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 from typing import Any, Literal, Protocol
@@ -249,7 +250,11 @@ class Consumer:
                     sink,
                     encode_frame(
                         FrameKind.END,
-                        {"exit_code": log.exit_code, "cursor": self.cursor, "ended_at": log.ended_at},
+                        {
+                            "exit_code": log.exit_code,
+                            "cursor": self.cursor,
+                            "ended_at": log.ended_at,
+                        },
                     ),
                 )
                 return
@@ -312,10 +317,8 @@ class Consumer:
         await self._try_send(sink, encode_frame(FrameKind.ERROR, error.to_wire()))
 
     async def _try_send(self, sink: FrameSink, data: bytes) -> None:
-        try:
+        with contextlib.suppress(TimeoutError, OSError):
             await within(sink.send(data), KICK_FRAME_TIMEOUT)
-        except (TimeoutError, OSError):
-            pass
 
     def _finish(self, state: ConsumerState, reason: str) -> None:
         if self._final_state is not None:

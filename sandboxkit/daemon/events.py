@@ -63,4 +63,3 @@ class EventJournal:
 
     def __len__(self) -> int:
         return len(self._events)
-

@@ -60,7 +60,7 @@ class Feed(abc.ABC):
     async def pull(self, cursor: int, max_bytes: int, timeout: float) -> Pull:
         """Next chunks from ``cursor``; an empty :class:`Pull` after ``timeout`` idle."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """The consumer is gone."""
 
 
@@ -76,7 +76,7 @@ class Fanout(abc.ABC):
     def attach(self, consumer: Consumer) -> Feed:
         """Give ``consumer`` its feed (may move its cursor: queue policies do not replay)."""
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 - optional hook, nothing to stop by default
         """Stop whatever background work the policy runs."""
 
 

@@ -127,9 +127,7 @@ class Host:
         try:
             return self.sandboxes[sandbox_id]
         except KeyError:
-            raise SandboxNotFound(
-                f"no sandbox {sandbox_id}", sandbox_id=sandbox_id
-            ) from None
+            raise SandboxNotFound(f"no sandbox {sandbox_id}", sandbox_id=sandbox_id) from None
 
     async def access(self, sandbox_id: str, *, needs_running: bool = False) -> Sandbox:
         """Look up a sandbox for a request: restart its idle timer and, if it is paused,
@@ -140,9 +138,7 @@ class Host:
             if sandbox.auto_resume:
                 await sandbox.resume(reason="auto")
             elif needs_running:
-                raise SandboxPaused(
-                    f"sandbox {sandbox_id} is paused", sandbox_id=sandbox_id
-                )
+                raise SandboxPaused(f"sandbox {sandbox_id} is paused", sandbox_id=sandbox_id)
         elif sandbox.state == "killed" and needs_running:
             raise SandboxNotFound(f"sandbox {sandbox_id} was killed", sandbox_id=sandbox_id)
         return sandbox

@@ -20,8 +20,8 @@ from sandboxkit.daemon.consumers import Consumer
 from sandboxkit.daemon.events import EventJournal
 from sandboxkit.daemon.fanout import Fanout, make_fanout
 from sandboxkit.daemon.output_log import OutputLog
-from sandboxkit.daemon.tree import ProcessTree
 from sandboxkit.daemon.stdin import StdinLedger
+from sandboxkit.daemon.tree import ProcessTree
 from sandboxkit.errors import InvalidArgument
 
 __all__ = ["ManagedProcess", "ProcessSpec"]
@@ -154,11 +154,7 @@ class ManagedProcess:
     async def start(self, tree: ProcessTree, workdir: str, base_env: dict[str, str]) -> None:
         """Spawn the process inside ``tree`` and start capturing its output."""
         loop = asyncio.get_running_loop()
-        cwd = self.spec.cwd or workdir
-        if not os.path.isabs(cwd):
-            cwd = os.path.join(workdir, cwd)
-        if not os.path.isdir(cwd):
-            raise InvalidArgument(f"cwd does not exist: {self.spec.cwd}", field="cwd")
+        cwd = self._cwd(workdir)
         env = {**os.environ, **base_env, **self.spec.envs}
         argv = tree.launch_prefix() + self.spec.command_line()
         capture = _Capture(self)
@@ -182,7 +178,7 @@ class ManagedProcess:
                 self._pty_master = master
                 pty_reader = _PtyReader(self)
                 await loop.connect_read_pipe(
-                    lambda: pty_reader,  # type: ignore[arg-type,return-value]
+                    lambda: pty_reader,
                     os.fdopen(os.dup(master), "rb", buffering=0),
                 )
             else:
@@ -206,6 +202,14 @@ class ManagedProcess:
         self._own(self._watch_exit(capture, pty_reader))
         if self.spec.timeout is not None:
             self._own(self._deadline(self.spec.timeout))
+
+    def _cwd(self, workdir: str) -> str:
+        cwd = self.spec.cwd or workdir
+        if not os.path.isabs(cwd):
+            cwd = os.path.join(workdir, cwd)
+        if not os.path.isdir(cwd):
+            raise InvalidArgument(f"cwd does not exist: {self.spec.cwd}", field="cwd")
+        return cwd
 
     def capture(self, stream: str, data: bytes) -> None:
         """Record output from one of the process's streams."""

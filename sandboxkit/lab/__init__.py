@@ -45,7 +45,25 @@ _WHERE = {
     "wilson_interval": "stats",
 }
 
-__all__ = sorted(_WHERE)
+__all__ = [
+    "CYCLE_COLUMNS",
+    "GHOST_KINDS",
+    "POLICIES",
+    "REFRESH",
+    "FrozenClient",
+    "Ghost",
+    "JsonRpcClient",
+    "LeakyClient",
+    "compare",
+    "format_stall_table",
+    "make_ghost",
+    "plot_cycle_timeline",
+    "plot_stall_rates",
+    "reattach_cycles",
+    "save_figure",
+    "stall_table",
+    "wilson_interval",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -170,7 +170,8 @@ async def reattach_cycles(
         for made in ghosts:
             await asyncio.to_thread(made.close)
         await sbx.kill()
-    return pd.DataFrame(rows, columns=CYCLE_COLUMNS)
+    frame: pd.DataFrame = pd.DataFrame(rows, columns=CYCLE_COLUMNS)
+    return frame
 
 
 async def _journal_head(sbx: AsyncSandbox) -> int:
