@@ -73,6 +73,10 @@ async def _poll(predicate: Any, timeout: float, what: str, interval: float = 0.0
         await asyncio.sleep(interval)
 
 
+async def _true(value: bool) -> bool:
+    return value
+
+
 def _attach_raw(url: str, token: str, path: str, rcvbuf: int = 4096) -> socket.socket:
     """A plain TCP client with a tiny receive buffer (set before connect, so the window
     stays small) that sends a stream request and reads exactly the response headers."""
@@ -335,10 +339,6 @@ async def test_ghost_is_kicked_after_stall_timeout_and_healthy_consumers_never_p
             if ghost is not None:
                 ghost.close()
             await api.aclose()
-
-
-async def _true(value: bool) -> bool:
-    return value
 
 
 # -- b. ten ghosts ---------------------------------------------------------------------

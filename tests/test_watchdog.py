@@ -89,11 +89,16 @@ class _Frames:
         """The first keepalive showing ``states`` within ``timeout`` (other keepalives may
         come first: one built just before a transition shows the old state)."""
         deadline = time.monotonic() + timeout
+        seen: list[dict[str, Any]] = []
         while True:
-            at, frame = await self.next(max(deadline - time.monotonic(), 0.001))
+            try:
+                at, frame = await self.next(max(deadline - time.monotonic(), 0.001))
+            except AssertionError:
+                raise AssertionError(f"no keepalive with {states} in {timeout}s: {seen}") from None
             assert frame.kind is FrameKind.KEEPALIVE, frame
             if all(frame.meta.get(k) == v for k, v in states.items()):
                 return at, frame
+            seen.append(frame.meta)
 
     async def close(self) -> None:
         self.task.cancel()

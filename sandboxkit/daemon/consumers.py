@@ -307,6 +307,7 @@ class Consumer:
             lag_bytes=self.lag_bytes,
             blocked_for=round(blocked_for, 3),
         )
+        self._finish("kicked", "kicked")
         error = ConsumerKicked(
             "no progress on this stream; reattach from your cursor",
             pid=self.source.pid,
