@@ -1,0 +1,299 @@
+"""Real-browser end-to-end test of the notebook layer.
+
+Serves JupyterLab on 127.0.0.1, drives Debian's chromium (``/usr/bin/chromium``, installed
+by ``scripts/install-browser.sh``; never ``playwright install``) with Playwright, runs all
+cells of ``notebooks/04_remediation_by_hand.ipynb``, watches the live ProcessPanel's line
+count grow, clicks "Kill-restart" and sees the panel follow the new pid.
+
+Under ``CI=true`` a missing browser (or Playwright/JupyterLab) is a failure; locally it is
+a skip. The screenshot is written to pytest's ``tmp_path`` and, if set, to
+``$SANDBOXKIT_SCREENSHOT_DIR``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import httpx
+import psutil
+import pytest
+from jupyter_harness import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    INSTALL_HINT,
+    JupyterLab,
+    daemon_pid,
+    deadline_poll,
+    descendants,
+    describe,
+    field_of,
+    in_ci,
+    reap,
+    snapshot_pids,
+    still_alive,
+    stop_daemon,
+    suspects,
+    timed,
+)
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Page
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOK = REPO / "notebooks" / "04_remediation_by_hand.ipynb"
+STATUS = ".sandboxkit-panel .sandboxkit-status"
+PROMPTS = ".jp-Notebook .jp-CodeCell .jp-InputPrompt"
+
+# Run All marks every code cell "[*]"; it has finished (or stopped at an error) once none is.
+_JS_RUNNING = "(sel) => [...document.querySelectorAll(sel)].some(p => p.textContent.includes('*'))"
+_JS_SETTLED = "(sel) => ![...document.querySelectorAll(sel)].some(p => p.textContent.includes('*'))"
+
+# True once the status element's text shows ``<name> <n>`` with n != / > the given value.
+_JS_FIELD = """
+([selector, name, op, old]) => {
+    const el = document.querySelector(selector);
+    if (!el) return false;
+    const m = el.textContent.match(new RegExp("\\\\b" + name + "\\\\s+(\\\\d+)\\\\b"));
+    if (!m) return false;
+    const v = Number(m[1]);
+    return op === "gt" ? v > old : v !== old;
+}
+"""
+
+
+def _wait(page: Page, js: str, arg: object, what: str, timeout: float = 45) -> None:
+    """``page.wait_for_function`` that fails with what it was waiting for."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_function(js, arg=arg, timeout=timeout * 1000)
+    except PlaywrightTimeout:
+        raise AssertionError(f"timed out after {timeout:g}s waiting for {what}") from None
+
+
+def _wait_status(page: Page, name: str, op: str, old: int, what: str) -> None:
+    """Wait until the panel's status shows ``<name> <n>`` with n > old (op "gt") or
+    n != old (op "ne"); on timeout, fail quoting the status text."""
+    try:
+        _wait(page, _JS_FIELD, [STATUS, name, op, old], what)
+    except AssertionError as e:
+        texts = page.locator(STATUS).all_inner_texts()
+        raise AssertionError(f"{e}; panel status now: {texts}") from None
+
+
+def _require_browser_stack() -> None:
+    missing = []
+    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
+        missing.append(f"{CHROMIUM} ({INSTALL_HINT})")
+    for module in ("playwright", "jupyterlab", "ipykernel", "ipywidgets"):
+        if importlib.util.find_spec(module) is None:
+            missing.append(f"python package {module!r} (pip install -e '.[test]')")
+    if not missing:
+        return
+    message = "real-browser notebook test needs: " + "; ".join(missing)
+    if in_ci():
+        pytest.fail(message + "  [CI=true: this is required, not optional]", pytrace=False)
+    pytest.skip(message)
+
+
+def _daemon_processes(state_file: Path) -> list[dict[str, object]]:
+    """Every process of every sandbox, straight from the daemon (not from the page)."""
+    state = json.loads(state_file.read_text())
+    headers = {"Authorization": f"Bearer {state['token']}"}
+    with httpx.Client(base_url=state["url"], headers=headers, timeout=5.0) as client:
+        out: list[dict[str, object]] = []
+        for sandbox in client.get("/sandboxes").json():
+            sid = sandbox["sandbox_id"]
+            out.extend(client.get(f"/sandboxes/{sid}/processes").json())
+        return out
+
+
+def drive_notebook(notebook: Path, tmp_path: Path) -> dict[str, float]:
+    """The whole scenario against ``notebook``; returns per-phase timings in seconds."""
+    from playwright.sync_api import sync_playwright
+
+    timings: dict[str, float] = {}
+    base = tmp_path / "browser-e2e"
+    base.mkdir()
+    marker = str(base)
+    state_file = base / "sandboxkit" / "daemon.json"
+    profile = base / "chromium-profile"
+    shot = tmp_path / f"{notebook.stem}.png"
+    before = snapshot_pids()
+
+    lab = JupyterLab(base, [notebook], extra_env={"SANDBOXKIT_STATE_FILE": str(state_file)})
+    tracked: list[psutil.Process] = []
+    failure: BaseException | None = None
+    try:
+        with timed(timings, "jupyter_start"):
+            lab.start().wait_ready(timeout=90)
+        with sync_playwright() as pw:
+            with timed(timings, "browser_launch"):
+                context = pw.chromium.launch_persistent_context(
+                    str(profile),
+                    executable_path=CHROMIUM,
+                    headless=True,
+                    args=CHROMIUM_ARGS,
+                    viewport={"width": 1400, "height": 1000},
+                )
+            try:
+                context.set_default_timeout(45_000)
+                page = context.pages[0] if context.pages else context.new_page()
+                console: list[str] = []
+                page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+
+                with timed(timings, "lab_load"):
+                    page.goto(lab.lab_url(notebook.name), wait_until="domcontentloaded")
+                    page.locator(".jp-Notebook .jp-Cell").first.wait_for(state="visible")
+
+                with timed(timings, "kernel_idle"):
+                    kernel_id = deadline_poll(
+                        lambda: lab.kernel_for(notebook.name), 60, "the notebook's kernel"
+                    )
+                    deadline_poll(
+                        lambda: lab.kernel_state(str(kernel_id)) == "idle",
+                        60,
+                        "the notebook's kernel to be idle",
+                    )
+                    # The page's own connection to that kernel must be up too.
+                    page.locator(
+                        ".jp-NotebookPanel-toolbar .jp-Notebook-ExecutionIndicator"
+                        "[data-status='idle']"
+                    ).wait_for(state="attached")
+
+                with timed(timings, "run_all"):
+                    page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+                    page.locator(
+                        ".lm-Menu-item:not(.lm-mod-hidden) .lm-Menu-itemLabel",
+                        has_text="Run All Cells",
+                    ).first.click()
+                    _wait(page, _JS_RUNNING, PROMPTS, "Run All to start")
+                    _wait(page, _JS_SETTLED, PROMPTS, "Run All to finish", timeout=120)
+                prompts = page.locator(PROMPTS).all_inner_texts()
+                errors = [
+                    text
+                    for text in page.locator(
+                        ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"
+                    ).all_inner_texts()
+                    if "Traceback (most recent call last)" in text
+                ]
+                ran = bool(prompts) and all(re.fullmatch(r"\[\d+\]:", p.strip()) for p in prompts)
+                assert ran and not errors, (
+                    f"Run All did not run every cell cleanly: prompts {prompts}\n"
+                    + "\n---\n".join(e[-3000:] for e in errors)
+                )
+
+                # The panel the first cell displayed is live after the whole notebook ran.
+                status = page.locator(STATUS).first
+                status.wait_for(state="visible")
+                _wait_status(page, "lines", "gt", 0, "the panel to show received lines")
+                text1 = status.inner_text()
+                lines1, pid1 = field_of(text1, "lines"), field_of(text1, "pid")
+                assert lines1 is not None and pid1 is not None, f"bad status text: {text1!r}"
+
+                with timed(timings, "lines_grow"):
+                    _wait_status(page, "lines", "gt", lines1, "the line count to grow")
+                text2 = status.inner_text()
+                lines2 = field_of(text2, "lines")
+                assert lines2 is not None and lines2 > lines1, (text1, text2)
+                assert field_of(text2, "pid") == pid1, (text1, text2)
+
+                # The pid the page shows is the daemon's running process.
+                by_pid = {p["pid"]: p for p in _daemon_processes(state_file)}
+                assert pid1 in by_pid and by_pid[pid1]["state"] == "running", by_pid
+
+                with timed(timings, "kill_restart"):
+                    page.locator(".sandboxkit-panel").first.get_by_role(
+                        "button", name="Kill-restart"
+                    ).click()
+                    _wait_status(page, "pid", "ne", pid1, "a new pid after Kill-restart")
+                text3 = status.inner_text()
+                pid2, lines3 = field_of(text3, "pid"), field_of(text3, "lines")
+                assert pid2 is not None and pid2 != pid1 and lines3 is not None, (text2, text3)
+
+                by_pid = {p["pid"]: p for p in _daemon_processes(state_file)}
+                assert by_pid.get(pid2, {}).get("state") == "running", by_pid
+                assert by_pid[pid2].get("restarted_from") == pid1, by_pid[pid2]
+                assert by_pid[pid1]["state"] != "running", by_pid[pid1]
+
+                with timed(timings, "new_pid_streams"):
+                    # The panel follows the NEW process: its output keeps arriving.
+                    _wait_status(page, "lines", "gt", lines3, "lines from the new process")
+
+                status.scroll_into_view_if_needed()
+                page.screenshot(path=str(shot))
+                print(f"\nscreenshot: {shot}")
+                target = os.environ.get("SANDBOXKIT_SCREENSHOT_DIR")
+                if target:
+                    Path(target).mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(shot, Path(target) / shot.name)
+                    print(f"screenshot copied to: {Path(target) / shot.name}")
+            except BaseException:
+                console_errors = [c for c in console if c.startswith("error")]
+                sys.stderr.write(
+                    f"\n--- jupyter log ---\n{lab.log_tail()}"
+                    "\n--- browser console errors ---\n" + "\n".join(console_errors[-20:]) + "\n"
+                    f"--- daemon log ---\n{_tail(state_file.with_suffix('.log'))}\n"
+                )
+                with contextlib.suppress(Exception):
+                    page.screenshot(path=str(tmp_path / "failure.png"))
+                    sys.stderr.write(f"failure screenshot: {tmp_path / 'failure.png'}\n")
+                raise
+            finally:
+                tracked += [p for p in descendants(os.getpid()) if p.pid != os.getpid()]
+                with timed(timings, "browser_close"):
+                    context.close()
+    except BaseException as e:
+        failure = e
+        raise
+    finally:
+        t0 = time.monotonic()
+        tracked += descendants(lab.proc.pid if lab.proc else None)
+        tracked += descendants(daemon_pid(state_file))
+        with timed(timings, "jupyter_stop"):
+            lab.stop()
+        with timed(timings, "daemon_stop"):
+            stopped = stop_daemon(state_file) if state_file.exists() else None
+        me = os.getpid()
+        left = still_alive(p for p in tracked if p.pid != me)
+        left += [p for p in suspects(marker, before) if p.pid not in {q.pid for q in left}]
+        # Gone within a short grace period is fine (SIGTERM handlers); stragglers fail.
+        deadline = time.monotonic() + 10
+        while left and time.monotonic() < deadline:
+            time.sleep(0.1)  # a poll with a deadline, not a synchronisation point
+            left = still_alive(left)
+        timings["teardown"] = round(time.monotonic() - t0, 2)
+        if left:
+            names = describe(left)
+            reap(left)
+            if failure is None:
+                pytest.fail(
+                    f"the test left processes running: {names}; "
+                    f"daemon stop said: {stopped.stdout if stopped else '<no state file>'}"
+                )
+    return timings
+
+
+def _tail(path: Path, n: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return "<no log>"
+
+
+@pytest.mark.timeout(240)
+def test_notebook_04_panel_in_real_browser(tmp_path: Path) -> None:
+    _require_browser_stack()
+    assert NOTEBOOK.is_file(), f"{NOTEBOOK} is missing"
+    t0 = time.monotonic()
+    timings = drive_notebook(NOTEBOOK, tmp_path)
+    print(f"timings (s): {timings}; total {time.monotonic() - t0:.1f}")
