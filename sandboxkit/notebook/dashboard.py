@@ -1,0 +1,533 @@
+"""``SandboxDashboard``: create, pause, resume and kill sandboxes; start commands; see
+every process of the selected sandbox with its state and number of consumers.
+
+The logic is plain Python a test drives without a browser: every button calls a named
+handler (:meth:`SandboxDashboard.on_create`, :meth:`~SandboxDashboard.on_pause`,
+:meth:`~SandboxDashboard.on_resume`, :meth:`~SandboxDashboard.on_kill`,
+:meth:`~SandboxDashboard.on_start`, :meth:`~SandboxDashboard.refresh`), each one client
+call followed by a refresh of :class:`DashboardState`; the widgets only render that state.
+
+Threading (see :mod:`sandboxkit.notebook._runtime`): client calls run on the client's
+background loop thread and only update :class:`DashboardState` under a lock; widget values
+are set only by :meth:`SandboxDashboard.flush`, on the thread that built the dashboard (the
+kernel's). Inside a running kernel a handler returns an owned task at once, and one ticker
+task on the kernel's loop re-reads the daemon every ``refresh_interval`` seconds without
+blocking that loop; outside a running loop (a script, a test) a handler blocks until done
+and nothing runs by itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import html
+import shlex
+import threading
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import ipywidgets as widgets  # type: ignore[import-untyped, unused-ignore]
+import pandas as pd
+
+from sandboxkit.client.loop_thread import LoopThread, shared_loop_thread
+from sandboxkit.client.results import ProcessInfo, SandboxInfo
+from sandboxkit.client.sandbox import AsyncSandbox
+from sandboxkit.client.sync import Sandbox
+from sandboxkit.errors import InvalidArgument, SandboxkitError, SandboxNotFound
+from sandboxkit.notebook._runtime import Runtime
+
+__all__ = ["PROCESS_COLUMNS", "SANDBOX_COLUMNS", "DashboardState", "SandboxDashboard"]
+
+T = TypeVar("T")
+
+PROCESS_COLUMNS = ["pid", "command", "state", "consumers", "exit_code"]
+"""Columns of :meth:`SandboxDashboard.processes_frame` (the process table)."""
+
+SANDBOX_COLUMNS = ["sandbox_id", "state", "processes", "fanout", "selected"]
+"""Columns of :meth:`SandboxDashboard.sandboxes_frame` (the sandbox table)."""
+
+
+@dataclass
+class DashboardState:
+    """Everything the dashboard shows, as plain data.
+
+    ``version`` grows on every change, so a flush renders only when something changed.
+    """
+
+    selected: str | None = None
+    """The sandbox the buttons act on."""
+    sandboxes: list[SandboxInfo] = field(default_factory=list)
+    """Every sandbox the daemon knows (killed ones too, until the daemon forgets them)."""
+    processes: list[ProcessInfo] = field(default_factory=list)
+    """The processes of the selected sandbox."""
+    message: str = ""
+    """The outcome of the last action."""
+    error: str | None = None
+    """The error of the last action or refresh, if it failed."""
+    version: int = 0
+
+    @property
+    def selected_info(self) -> SandboxInfo | None:
+        """The selected sandbox as last read from the daemon."""
+        return next((s for s in self.sandboxes if s.sandbox_id == self.selected), None)
+
+
+_Tables = tuple[list[SandboxInfo], list[ProcessInfo]]
+
+
+def _command(info: ProcessInfo) -> str:
+    if info.cmd is not None:
+        return info.cmd
+    return shlex.join(info.argv or [])
+
+
+def _loop_of(sbx: Sandbox) -> LoopThread:
+    """The loop thread a sync sandbox runs its I/O on."""
+    loop = getattr(sbx, "_loop", None)
+    return loop if isinstance(loop, LoopThread) else shared_loop_thread()
+
+
+class SandboxDashboard:
+    """Create / pause / resume / kill sandboxes, start commands, and watch the process
+    table (pid, command, state, consumers) of the selected sandbox.
+
+    Every handler is one client call (plus a re-read of the tables) on the client's loop
+    thread. Without a running event loop in the calling thread (a script, a sync test) it
+    blocks until done, renders, and returns the call's value; inside a running loop (a
+    Jupyter kernel) it returns an owned :class:`asyncio.Task` at once (``await`` it in a
+    cell to get the value). Errors are shown in the status line (``state.error``) and
+    raised from the call or the awaited task.
+
+    Args:
+        sbx: a sandbox to start with: a sync :class:`~sandboxkit.Sandbox` (used as is and
+            not closed by :meth:`close`) or an :class:`~sandboxkit.AsyncSandbox` (the
+            dashboard connects its own sync client to the same sandbox). ``None``: start
+            empty; press "Create".
+        refresh_interval: seconds between automatic refreshes inside a running kernel
+            (``None`` or 0: only on actions and :meth:`refresh`).
+        create_options: passed to :meth:`Sandbox.create` by :meth:`on_create` (e.g.
+            ``fanout="blocking"``, ``pause_ghosts=True``); ``url``/``token`` also select
+            the daemon the dashboard lists.
+    """
+
+    def __init__(
+        self,
+        sbx: Sandbox | AsyncSandbox | None = None,
+        *,
+        refresh_interval: float | None = 2.0,
+        **create_options: Any,
+    ) -> None:
+        self.create_options = dict(create_options)
+        self.state = DashboardState()
+        self._lock = threading.Lock()
+        self._clients: dict[str, Sandbox] = {}
+        self._owned: set[str] = set()
+        self._rendered = -1
+        self._rendering = False
+        self._closed = False
+        self._url: str | None = create_options.get("url")
+        self._token: str | None = create_options.get("token")
+        self._thread = _loop_of(sbx) if isinstance(sbx, Sandbox) else shared_loop_thread()
+        self._runtime = Runtime(sbx if isinstance(sbx, Sandbox) else None)
+        self._build_widgets()
+        self._starting: Any
+        if isinstance(sbx, AsyncSandbox):
+            conn = sbx.connection
+            self._url, self._token = conn.url, conn.token
+            self._starting = self.select(sbx.sandbox_id)
+        else:
+            if sbx is not None:
+                conn = sbx.async_sandbox.connection
+                self._url, self._token = conn.url, conn.token
+                self._clients[sbx.sandbox_id] = sbx
+                self.state.selected = sbx.sandbox_id
+            self._starting = self.refresh()
+        self._ticker = (
+            self._runtime.ticker(self._auto_refresh, 1.0 / refresh_interval)
+            if refresh_interval
+            else None
+        )
+
+    # -- widgets -----------------------------------------------------------------------
+
+    def _build_widgets(self) -> None:
+        layout = widgets.Layout(width="auto")
+        self.title = widgets.HTML()
+        self.selector = widgets.Dropdown(description="sandbox", options=[], layout=layout)
+        self.selector.observe(self._on_select_change, names="value")
+        self.create_button = widgets.Button(description="Create", icon="plus")
+        self.pause_button = widgets.Button(description="Pause", icon="pause")
+        self.resume_button = widgets.Button(description="Resume", icon="play")
+        self.kill_button = widgets.Button(description="Kill", icon="trash", button_style="danger")
+        self.refresh_button = widgets.Button(description="Refresh", icon="refresh")
+        self.command = widgets.Text(
+            placeholder="command, e.g. python -u -c \"print('hi')\"",
+            layout=widgets.Layout(width="60%"),
+        )
+        self.start_button = widgets.Button(description="Start", icon="terminal")
+        self.sandbox_table = widgets.HTML()
+        self.table = widgets.HTML()
+        self.status = widgets.HTML()
+
+        self.create_button.on_click(lambda _b: self.on_create())
+        self.pause_button.on_click(lambda _b: self.on_pause())
+        self.resume_button.on_click(lambda _b: self.on_resume())
+        self.kill_button.on_click(lambda _b: self.on_kill())
+        self.refresh_button.on_click(lambda _b: self.refresh())
+        self.start_button.on_click(lambda _b: self.on_start())
+
+        self.table.add_class("sandboxkit-processes")
+        self.status.add_class("sandboxkit-dashboard-status")
+        self.widget = widgets.VBox(
+            [
+                self.title,
+                widgets.HBox(
+                    [
+                        self.selector,
+                        self.create_button,
+                        self.pause_button,
+                        self.resume_button,
+                        self.kill_button,
+                        self.refresh_button,
+                    ]
+                ),
+                self.sandbox_table,
+                widgets.HBox([self.command, self.start_button]),
+                self.table,
+                self.status,
+            ]
+        )
+        self.widget.add_class("sandboxkit-dashboard")
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        return self.widget._repr_mimebundle_(**kwargs)
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.widget)  # type: ignore[no-untyped-call, unused-ignore]
+
+    # -- the selected sandbox ----------------------------------------------------------
+
+    @property
+    def sbx(self) -> Sandbox | None:
+        """The client of the selected sandbox (``None`` if nothing is selected)."""
+        with self._lock:
+            selected = self.state.selected
+            return None if selected is None else self._clients.get(selected)
+
+    def select(self, sandbox_id: str | None) -> Any:
+        """Make ``sandbox_id`` the sandbox the buttons act on (connects a client)."""
+
+        async def step() -> str | None:
+            await self._connect(sandbox_id)
+            return sandbox_id
+
+        return self._dispatch(step(), lambda sid: f"selected {sid}" if sid else "")
+
+    async def _connect(self, sandbox_id: str | None) -> None:
+        """Select ``sandbox_id``, connecting a client first if needed (sandbox loop)."""
+        if sandbox_id is not None and sandbox_id not in self._clients:
+            client = await AsyncSandbox.connect(sandbox_id, url=self._url, token=self._token)
+            with self._lock:
+                self._clients[sandbox_id] = Sandbox(client, self._thread)
+                self._owned.add(sandbox_id)
+        with self._lock:
+            self.state.selected = sandbox_id
+            self.state.version += 1
+
+    def _on_select_change(self, change: dict[str, Any]) -> None:
+        if self._rendering or change["new"] == self.state.selected:
+            return
+        self.select(change["new"])
+
+    # -- handlers ----------------------------------------------------------------------
+
+    def on_create(self) -> Any:
+        """Create a sandbox with the dashboard's ``create_options`` and select it; the
+        new sync :class:`~sandboxkit.Sandbox` (or a task resolving to it)."""
+
+        async def step() -> Sandbox:
+            client = await AsyncSandbox.create(**self.create_options)
+            sbx = Sandbox(client, self._thread)
+            conn = client.connection
+            with self._lock:
+                self._url, self._token = conn.url, conn.token
+                self._clients[sbx.sandbox_id] = sbx
+                self._owned.add(sbx.sandbox_id)
+                self.state.selected = sbx.sandbox_id
+            return sbx
+
+        return self._dispatch(step(), lambda sbx: f"created sandbox {sbx.sandbox_id}")
+
+    def on_pause(self) -> Any:
+        """Pause (freeze every process of) the selected sandbox."""
+
+        async def step() -> str:
+            sbx = self._require()
+            await sbx.async_sandbox.pause()
+            return sbx.sandbox_id
+
+        return self._dispatch(step(), "paused {}".format)
+
+    def on_resume(self) -> Any:
+        """Resume (thaw) the selected sandbox."""
+
+        async def step() -> str:
+            sbx = self._require()
+            await sbx.async_sandbox.resume()
+            return sbx.sandbox_id
+
+        return self._dispatch(step(), "resumed {}".format)
+
+    def on_kill(self) -> Any:
+        """Kill the selected sandbox (every process goes) and select another live one."""
+
+        async def step() -> str:
+            sbx = self._require()
+            await sbx.async_sandbox.kill()  # also closes that client
+            with self._lock:
+                self._clients.pop(sbx.sandbox_id, None)
+                self._owned.discard(sbx.sandbox_id)
+            alive = [
+                s.sandbox_id
+                for s in await AsyncSandbox.list(url=self._url, token=self._token)
+                if s.state != "killed"
+            ]
+            await self._connect(alive[0] if alive else None)
+            return sbx.sandbox_id
+
+        return self._dispatch(step(), "killed {}".format)
+
+    def on_start(self, cmd: str | list[str] | None = None) -> Any:
+        """Start ``cmd`` (default: the text box, which is then cleared) in the selected
+        sandbox, in the background and without following it; the new process's
+        :class:`~sandboxkit.ProcessInfo` (or a task resolving to it)."""
+        command = self.command.value if cmd is None else cmd
+        if not command or (isinstance(command, str) and not command.strip()):
+            self._set(error="type a command first")
+            self.flush()
+            raise InvalidArgument("type a command first", field="cmd")
+
+        async def step() -> ProcessInfo:
+            return await self._require().async_sandbox.commands.start(command)
+
+        def started(info: ProcessInfo) -> str:
+            if cmd is None and self.command.value == command:
+                self.command.value = ""
+            return f"started pid {info.pid}"
+
+        return self._dispatch(step(), started)
+
+    def refresh(self) -> Any:
+        """Re-read the sandboxes and the selected sandbox's processes, then render."""
+        if self._closed:
+            return None
+
+        async def step() -> None:
+            return None
+
+        return self._dispatch(step(), lambda _none: self.state.message)
+
+    def _require(self) -> Sandbox:
+        sbx = self.sbx
+        if sbx is None:
+            raise SandboxNotFound("no sandbox selected: press Create first")
+        return sbx
+
+    def _dispatch(self, step: Coroutine[Any, Any, T], done: Callable[[T], str]) -> Any:
+        """Run ``step`` and a re-read of the tables on the loop thread; then, on the
+        calling thread, record ``done(value)`` as the message and render."""
+
+        if self._closed:
+            step.close()
+            raise RuntimeError("this dashboard is closed")
+
+        async def action() -> tuple[T, _Tables]:
+            value = await step
+            return value, await self._fetch()
+
+        def then(outcome: tuple[T, _Tables]) -> T:
+            value, tables = outcome
+            self._apply(*tables)
+            self._set(message=done(value), error=None)
+            self.flush()
+            return value
+
+        def failed(error: BaseException) -> None:
+            self._set(error=f"{type(error).__name__}: {error}")
+            self.flush()
+
+        return self._runtime.dispatch(action(), then, failed)
+
+    def _set(self, **changes: Any) -> None:
+        with self._lock:
+            for key, value in changes.items():
+                setattr(self.state, key, value)
+            self.state.version += 1
+
+    # -- reading the daemon ------------------------------------------------------------
+
+    async def _fetch(self) -> _Tables:
+        """The sandbox list and the selected sandbox's processes (sandbox loop)."""
+        client = self.sbx
+        sandboxes = await AsyncSandbox.list(url=self._url, token=self._token)
+        processes: list[ProcessInfo] = []
+        if client is not None:
+            with contextlib.suppress(SandboxNotFound):
+                processes = await client.async_sandbox.commands.list()
+        return sandboxes, processes
+
+    def _apply(self, sandboxes: list[SandboxInfo], processes: list[ProcessInfo]) -> None:
+        with self._lock:
+            state = self.state
+            if (sandboxes, processes) != (state.sandboxes, state.processes):
+                state.sandboxes = sandboxes
+                state.processes = processes
+                state.version += 1
+
+    async def _auto_refresh(self) -> None:
+        """The ticker's callback on the kernel's loop: fetch off-loop, then render."""
+        if self._closed:
+            return
+        try:
+            tables = await self._runtime.call(self._fetch())
+        except SandboxkitError as error:
+            self._set(error=f"{type(error).__name__}: {error}")
+        else:
+            self._apply(*tables)
+        self.flush()
+
+    # -- tables ------------------------------------------------------------------------
+
+    def processes_frame(self) -> pd.DataFrame:
+        """The process table of the selected sandbox (columns :data:`PROCESS_COLUMNS`)."""
+        with self._lock:
+            processes = list(self.state.processes)
+        rows = [
+            {
+                "pid": p.pid,
+                "command": _command(p),
+                "state": p.state,
+                "consumers": p.consumers,
+                "exit_code": p.exit_code,
+            }
+            for p in processes
+        ]
+        frame: pd.DataFrame = pd.DataFrame(rows, columns=PROCESS_COLUMNS)
+        frame["exit_code"] = frame["exit_code"].astype("Int64")
+        return frame
+
+    def sandboxes_frame(self) -> pd.DataFrame:
+        """Every sandbox the daemon knows (columns :data:`SANDBOX_COLUMNS`)."""
+        with self._lock:
+            sandboxes = list(self.state.sandboxes)
+            selected = self.state.selected
+        rows = [
+            {
+                "sandbox_id": s.sandbox_id,
+                "state": s.state,
+                "processes": s.processes,
+                "fanout": s.raw.get("fanout", ""),
+                "selected": s.sandbox_id == selected,
+            }
+            for s in sandboxes
+        ]
+        frame: pd.DataFrame = pd.DataFrame(rows, columns=SANDBOX_COLUMNS)
+        return frame
+
+    # -- rendering ---------------------------------------------------------------------
+
+    def flush(self) -> bool:
+        """Render the state into the widgets if it changed since the last flush; True if
+        it rendered. Call on the thread that owns the widgets."""
+        with self._lock:
+            version = self.state.version
+            if version == self._rendered:
+                return False
+            self._rendered = version
+            selected = self.state.selected
+            info = self.state.selected_info
+            message, error = self.state.message, self.state.error
+            alive = [s.sandbox_id for s in self.state.sandboxes if s.state != "killed"]
+        processes = self.processes_frame()
+        sandboxes = self.sandboxes_frame()
+
+        options = list(alive)
+        if selected is not None and selected not in options:
+            options.append(selected)
+        self._rendering = True
+        try:
+            if list(self.selector.options) != options:
+                self.selector.options = options
+            self.selector.value = selected if selected in options else None
+        finally:
+            self._rendering = False
+
+        sandbox_state = info.state if info is not None else ("—" if selected is None else "?")
+        self.title.value = "<b>sandboxkit</b> — " + (
+            f"sandbox <code>{html.escape(selected)}</code> is <b>{sandbox_state}</b>"
+            if selected is not None
+            else "no sandbox selected"
+        )
+        running = info is not None and info.state == "running"
+        self.pause_button.disabled = not running
+        self.resume_button.disabled = not (info is not None and info.state == "paused")
+        self.kill_button.disabled = info is None or info.state == "killed"
+        self.start_button.disabled = not running
+
+        self.sandbox_table.value = (
+            sandboxes.to_html(index=False, escape=True, border=0)
+            if len(sandboxes)
+            else "<i>no sandboxes</i>"
+        )
+        self.table.value = (
+            processes.to_html(index=False, escape=True, border=0, na_rep="")
+            if len(processes)
+            else "<i>no processes</i>"
+        )
+        if error:
+            self.status.value = f"<span style='color:#d62728'>{html.escape(error)}</span>"
+        else:
+            self.status.value = html.escape(message)
+        return True
+
+    # -- teardown ----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop the periodic refresh and close the clients the dashboard opened (bounded).
+
+        Sandboxes keep running (the daemon owns them); a sandbox passed in as a sync
+        :class:`~sandboxkit.Sandbox` is left open for its owner. Idempotent.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._runtime.close(self._close_clients())
+
+    async def aclose(self) -> None:
+        """:meth:`close`, awaiting every task it stops."""
+        if self._closed:
+            await self._runtime.aclose()
+            return
+        self._closed = True
+        await self._runtime.aclose(self._close_clients())
+
+    async def _close_clients(self) -> None:
+        """On the loop thread: close every client the dashboard opened."""
+        with self._lock:
+            owned = [self._clients[s] for s in self._owned if s in self._clients]
+            self._owned.clear()
+            self._clients.clear()
+        for client in owned:
+            with contextlib.suppress(SandboxkitError):
+                await client.async_sandbox.close()
+
+    def __enter__(self) -> SandboxDashboard:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<SandboxDashboard selected={self.state.selected}>"
