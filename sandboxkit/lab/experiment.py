@@ -125,6 +125,7 @@ async def reattach_cycles(
             )
             if made is not None:
                 ghosts.append(made)
+                await _fill_until_blocked(sbx, client, f"ghost-{made.kind}")
             await sbx.pause()
             cycle.t_pause = cycle.at()
             await sbx.resume()
@@ -172,6 +173,28 @@ async def reattach_cycles(
         await sbx.kill()
     frame: pd.DataFrame = pd.DataFrame(rows, columns=CYCLE_COLUMNS)
     return frame
+
+
+async def _fill_until_blocked(
+    sbx: AsyncSandbox, client: JsonRpcClient, name: str, rounds: int = 40
+) -> None:
+    """Let output go by until the newest client-side ghost is blocked.
+
+    A TCP ghost takes a couple of hundred KiB (its connection's buffers on the daemon's
+    side) before it blocks; a ghost left open for a while has taken that already. Filler
+    answers of 64 KiB stand in for that while. Under a shared-loop policy the filler may
+    itself wedge: then no more output reaches anyone, and filling stops.
+    """
+    filler = {"name": "echo", "arguments": {"text": "f" * 65536, "pad": False}}
+    for _ in range(rounds):
+        table = await sbx.consumers()
+        ghosts = table[(table["name"] == name) & table["closed_at"].isna()]
+        if not ghosts.empty and ghosts.sort_values("attached_at").iloc[-1]["state"] == "blocked":
+            return
+        try:
+            await client.request("tools/call", filler, deadline=0.5)
+        except TimeoutError:
+            return
 
 
 async def _journal_head(sbx: AsyncSandbox) -> int:

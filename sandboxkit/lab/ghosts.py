@@ -6,8 +6,13 @@
 * Pause-snapshot ghosts are made by the daemon itself: create the sandbox with
   ``pause_ghosts=True`` and every stream open at a pause becomes a ghost on resume.
 
-Each ghost's receive buffer is small by default (``buffer``), so a wedge shows after a
-response or two, as in the public reports, rather than after megabytes.
+Each ghost's receive buffer is small by default (``buffer``). For a pause-snapshot ghost
+that is the whole path (a socket pair of ``buffer`` bytes), so a wedge shows after a
+response or two, as in the public reports. The client-side ghosts are TCP peers of the
+daemon: ``buffer`` bounds only their receive buffer, while the daemon's side (the kernel's
+autotuned send buffer plus the HTTP server's 64 KiB write buffer) still takes a couple of
+hundred KiB (about 250 KiB on Linux loopback) before a send blocks. They wedge once that
+much output has gone by: use a larger ``response_size`` (e.g. 100_000) or more cycles.
 """
 
 from __future__ import annotations
@@ -79,18 +84,30 @@ class LeakyClient(Ghost):
 _FROZEN_READER = """
 import socket, sys
 host, port, request, buffer = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
-sock = socket.socket()
-sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer)
-sock.connect((host, port))
-sock.sendall(request.encode())
-first = True
-while True:
-    data = sock.recv(65536)
-    if not data:
-        break
-    if first:
-        print("attached", flush=True)
-        first = False
+try:
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer)
+    sock.settimeout(10)
+    sock.connect((host, port))
+    sock.sendall(request.encode())
+    head = b""
+    while b"\\r\\n\\r\\n" not in head:
+        data = sock.recv(1)
+        if not data:
+            break
+        head += data
+except OSError as exc:
+    print(f"cannot attach: {exc}", flush=True)
+    sys.exit(1)
+status = head.split(b"\\r\\n", 1)[0].decode(errors="replace")
+if not status.startswith("HTTP/1.1 200"):
+    # An error response is no stream: there is nothing to freeze.
+    print(status or "daemon closed the ghost's stream at once", flush=True)
+    sys.exit(1)
+sock.settimeout(None)
+print("attached", flush=True)
+while sock.recv(65536):
+    pass
 """
 
 
@@ -118,10 +135,11 @@ class FrozenClient(Ghost):
             stdin=subprocess.DEVNULL,
         )
         assert self.process.stdout is not None
-        line = self.process.stdout.readline()  # blocks until its stream's first bytes
+        line = self.process.stdout.readline()  # blocks until its stream's response head
         if line.strip() != b"attached":
             self.close()
-            raise ConnectionError("frozen-client reader failed to attach")
+            reason = line.strip().decode(errors="replace") or "the reader exited"
+            raise ConnectionError(f"frozen-client reader failed to attach: {reason}")
         os.kill(self.process.pid, signal.SIGSTOP)
 
     def close(self) -> None:
