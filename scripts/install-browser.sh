@@ -17,9 +17,11 @@ if [ "$(id -u)" -ne 0 ]; then
     fi
 fi
 
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends chromium >/dev/null
+# --no-install-recommends: the recommends (udev, upower, mesa, cups tools...) are not needed
+# headless; fonts come in through fontconfig's dependency on fonts-dejavu-core.
+$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    chromium >/dev/null
 
 if [ ! -x /usr/bin/chromium ]; then
     echo "install-browser.sh: apt-get finished but /usr/bin/chromium is still missing" >&2

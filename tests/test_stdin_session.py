@@ -50,6 +50,7 @@ class ScriptedTransport:
     ``fail_after``: the ack stream fails with ``DaemonUnavailable`` right after acking each
     of these batch numbers (once each). ``ack_limit``: batches from this number on are never
     acked; the connection fails instead. ``fail_on_aclose``: dropping a connection raises.
+    ``silent``: connections never ack and never fail (a peer that went quiet).
     """
 
     def __init__(
@@ -58,7 +59,9 @@ class ScriptedTransport:
         *,
         ack_limit: int | None = None,
         fail_on_aclose: bool = False,
+        silent: bool = False,
     ) -> None:
+        self.silent = silent
         self.fail_after = set(fail_after)
         self.ack_limit = ack_limit
         self.fail_on_aclose = fail_on_aclose
@@ -86,6 +89,8 @@ class ScriptedConnection:
     async def acks(self) -> AsyncIterator[int]:
         while True:
             seq = await self.queue.get()
+            if self.t.silent:
+                continue
             if self.t.ack_limit is not None and seq >= self.t.ack_limit:
                 self.t.failures += 1
                 self.t.failed.set()
@@ -239,6 +244,36 @@ async def test_retries_bound_consecutive_failures_not_all_failures() -> None:
     assert transport.failures == 4
     assert transport.acked == list(range(len(batches)))
     assert transport.connects == 5
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("fail_on_aclose", [False, True])
+async def test_abort_ends_a_stuck_session_even_if_dropping_the_connection_fails(
+    fail_on_aclose: bool,
+) -> None:
+    """A session waiting on a peer that went quiet: a cancelled close leaves it running
+    (close is shielded), abort ends it — also when dropping the connection raises a
+    retriable error, which must not turn the cancellation into a reconnect."""
+    transport = ScriptedTransport(silent=True, fail_on_aclose=fail_on_aclose)
+    session = StdinSession(transport, retries=3, backoff=0.001)
+    await session.write(b"never acked\n")
+    await _poll(lambda: transport.sent == [0], "the batch to be sent")
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(session.close(), 0.2)
+    runner = session._runner
+    assert runner is not None and not runner.done()
+    try:
+        await asyncio.wait_for(session.abort(), HANG)
+    finally:
+        # Were the cancellation swallowed, end the runner anyway: a task that survives
+        # cancel() would hang the event loop's teardown and with it the whole suite.
+        transport.fail_on_aclose = False
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+    assert runner.done()
+    assert transport.connects == 1
+    assert transport.closes == 1
+    assert not session.finished
 
 
 # -- (c) the real ledger behind an in-memory transport ------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import secrets
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Iterable
@@ -227,7 +228,10 @@ class StdinSession:
                 await asyncio.gather(next_ack, return_exceptions=True)
             sender.cancel()
             await asyncio.gather(sender, return_exceptions=True)
-            await conn.aclose()
+            # An error dropping the connection must not replace why it is dropped (above
+            # all a cancellation: abort() would turn into a reconnect and never end).
+            with contextlib.suppress(Exception):
+                await conn.aclose()
 
     async def _send_loop(self, conn: StdinConnection) -> None:
         # A new connection resends exactly what is unacked, then what is written next.
