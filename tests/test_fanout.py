@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from conftest import fast_config
+from support import poll as _poll
 
 from sandboxkit import AsyncSandbox
 from sandboxkit.client.api import ApiClient
@@ -51,18 +52,6 @@ def daemon_config() -> DaemonConfig:
     # Keep all 8 MB (no eviction) and never kick the ghost during the test: this module is
     # about non-interference, not about kicks.
     return fast_config(retention_bytes=64 * 1024 * 1024, stall_timeout=120.0)
-
-
-async def _poll(predicate: Any, timeout: float, what: str) -> Any:
-    """Await an async predicate until it returns something truthy (a poll, not a sync)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 def _ghost(url: str, token: str, path: str) -> socket.socket:

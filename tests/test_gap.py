@@ -8,11 +8,12 @@ from __future__ import annotations
 import asyncio
 import socket
 import sys
-import time
 from typing import Any
 
 import pytest
 from conftest import fast_config
+from support import ChunkedDecoder
+from support import poll as _poll
 
 from sandboxkit import AsyncSandbox, OutputGap
 from sandboxkit.client.api import ApiClient
@@ -52,18 +53,6 @@ def daemon_config() -> DaemonConfig:
     # Small retention; a stall timeout long enough that a consumer that pauses reading
     # falls behind retention without being kicked.
     return fast_config(retention_bytes=RETENTION, stall_timeout=30.0)
-
-
-async def _poll(predicate: Any, timeout: float, what: str) -> Any:
-    """Await an async predicate until it returns something truthy (a poll, not a sync)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 async def _read_all(api: ApiClient, path: str, **query: Any) -> list[Frame]:
@@ -199,41 +188,6 @@ async def test_consumer_behind_retention_gets_an_exact_gap_frame(conn: dict[str,
             await api.aclose()
 
 
-class _Chunked:
-    """Incremental decoder of an HTTP/1.1 chunked body."""
-
-    def __init__(self) -> None:
-        self._buf = bytearray()
-        self._left = -1  # bytes left in the current chunk; -1: a size line is next
-        self.done = False
-
-    def feed(self, data: bytes) -> bytes:
-        self._buf += data
-        out = bytearray()
-        while self._buf and not self.done:
-            if self._left < 0:
-                end = self._buf.find(b"\r\n")
-                if end < 0:
-                    break
-                size = int(bytes(self._buf[:end]).split(b";")[0], 16)
-                del self._buf[: end + 2]
-                if size == 0:
-                    self.done = True
-                    break
-                self._left = size
-            elif self._left > 0:
-                take = min(self._left, len(self._buf))
-                out += self._buf[:take]
-                del self._buf[:take]
-                self._left -= take
-            else:
-                if len(self._buf) < 2:
-                    break
-                del self._buf[:2]
-                self._left = -1
-        return bytes(out)
-
-
 @pytest.mark.timeout(30)
 async def test_attached_consumer_that_falls_behind_retention_gets_a_gap(
     conn: dict[str, str],
@@ -276,7 +230,7 @@ async def test_attached_consumer_that_falls_behind_retention_gets_a_gap(
                     raw += sock.recv(65536)
                 head, _, rest = bytes(raw).partition(b"\r\n\r\n")
                 assert head.startswith(b"HTTP/1.1 200"), head
-                chunked = _Chunked()
+                chunked = ChunkedDecoder()
                 body = bytearray(chunked.feed(rest))
                 while not chunked.done:
                     piece = sock.recv(65536)

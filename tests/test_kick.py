@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 from conftest import fast_config
+from support import ChunkedDecoder
+from support import poll as _poll
 
 from sandboxkit import AsyncSandbox
 from sandboxkit.client.api import ApiClient
@@ -61,18 +63,6 @@ def daemon_config() -> DaemonConfig:
 # -- helpers -------------------------------------------------------------------------
 
 
-async def _poll(predicate: Any, timeout: float, what: str, interval: float = 0.01) -> Any:
-    """Await an async predicate until it returns something truthy (a poll, not a sync)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(interval)
-
-
 async def _true(value: bool) -> bool:
     return value
 
@@ -106,47 +96,11 @@ def _attach_raw(url: str, token: str, path: str, rcvbuf: int = 4096) -> socket.s
     return sock
 
 
-class _Chunked:
-    """Incremental decoder of an HTTP/1.1 chunked body."""
-
-    def __init__(self) -> None:
-        self._buf = bytearray()
-        self._left = -1  # bytes left in the current chunk; -1: a size line is next
-        self.done = False
-
-    def feed(self, data: bytes) -> bytes:
-        self._buf += data
-        out = bytearray()
-        while self._buf and not self.done:
-            if self._left < 0:
-                end = self._buf.find(b"\r\n")
-                if end < 0:
-                    break
-                size = int(bytes(self._buf[:end]).split(b";")[0], 16)
-                del self._buf[: end + 2]
-                if size == 0:
-                    self.done = True
-                    break
-                self._left = size
-            elif self._left > 0:
-                take = min(self._left, len(self._buf))
-                out += self._buf[:take]
-                del self._buf[:take]
-                self._left -= take
-            else:
-                if len(self._buf) < 2:
-                    break
-                assert self._buf[:2] == b"\r\n", bytes(self._buf[:8])
-                del self._buf[:2]
-                self._left = -1
-        return bytes(out)
-
-
 def _drain_to_end(sock: socket.socket, timeout: float) -> tuple[bytes, bool]:
     """Read a chunked response until its body ends (the terminating chunk) or the daemon
     closes the connection; returns the body and whether it ended within ``timeout``."""
     sock.settimeout(0.2)
-    chunked = _Chunked()
+    chunked = ChunkedDecoder()
     body = bytearray()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -441,7 +395,7 @@ async def test_slow_consumer_that_keeps_draining_is_never_kicked(conn: dict[str,
             reader.setblocking(False)
             loop = asyncio.get_running_loop()
             body = bytearray()
-            chunked = _Chunked()
+            chunked = ChunkedDecoder()
 
             async def read_slowly(seconds: float) -> None:
                 # 4 KB every 15 ms (~270 KB/s): behind the writer all along, never stopping.

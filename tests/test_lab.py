@@ -15,7 +15,6 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ import pandas as pd
 import psutil
 import pytest
 from conftest import fast_config
+from support import poll as _poll
 
 from sandboxkit import AsyncSandbox
 from sandboxkit.daemon.config import DaemonConfig
@@ -48,18 +48,6 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 @pytest.fixture
 def daemon_config() -> DaemonConfig:
     return fast_config(kick_queue=KICK_QUEUE)
-
-
-async def _poll(predicate: Callable[[], Awaitable[Any]], timeout: float, what: str) -> Any:
-    """Await ``predicate`` until it returns something truthy (a poll with a deadline)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def _async(value: Any) -> Any:

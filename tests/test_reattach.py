@@ -11,7 +11,6 @@ import signal
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -19,24 +18,13 @@ import httpx
 import psutil
 import pytest
 from conftest import wait_until
+from support import poll as _poll
 
 from sandboxkit import AsyncSandbox, CommandExitError, Sandbox
 from sandboxkit.client.api import ApiClient
 from sandboxkit.client.local import probe
 from sandboxkit.statefile import read_state
 from sandboxkit.wire import Frame, FrameKind
-
-
-async def _poll(predicate: Any, timeout: float, what: str) -> Any:
-    """Await an async predicate until it returns something truthy (a poll, not a sync)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 async def _read_frames(api: ApiClient, path: str, **query: Any) -> tuple[Frame, list[Frame], Frame]:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from conftest import fast_config
+from support import poll as _poll
 
 from sandboxkit import AsyncSandbox, CommandExitError, ResultUnavailable
 from sandboxkit.client.api import ApiClient
@@ -33,18 +34,6 @@ def daemon_config(request: pytest.FixtureRequest) -> DaemonConfig:
     """The in-process daemon's settings; a test may pass overrides through indirect
     parametrization (e.g. a short result TTL)."""
     return fast_config(**getattr(request, "param", {}))
-
-
-async def _poll(predicate: Any, timeout: float, what: str) -> Any:
-    """Await an async predicate until it returns something truthy (a poll, not a sync)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)  # noqa: sleep-ok - poll interval
 
 
 async def _wait_exited(sbx: AsyncSandbox, pid: int) -> None:

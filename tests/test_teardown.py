@@ -15,12 +15,12 @@ import socket
 import sys
 import time
 import weakref
-from collections.abc import Callable
 from typing import Any
 
 import psutil
 import pytest
 from conftest import fast_config, wait_until
+from support import poll as _poll
 
 from sandboxkit import AsyncSandbox, Sandbox
 from sandboxkit.client.results import SandboxInfo
@@ -33,20 +33,6 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
-
-
-async def _poll(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Await until ``predicate()`` (sync or async) is truthy: a poll with a deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)  # noqa: sleep-ok - poll interval
 
 
 def _find(infos: list[SandboxInfo], sandbox_id: str) -> SandboxInfo:

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from conftest import fast_config
+from support import poll as _poll
 
 import sandboxkit
 from sandboxkit import AsyncSandbox
@@ -35,18 +36,6 @@ BOUND = KEEPALIVE * MULTIPLE
 @pytest.fixture
 def daemon_config() -> DaemonConfig:
     return fast_config(keepalive_interval=KEEPALIVE)
-
-
-async def _poll(predicate: Any, timeout: float, what: str) -> Any:
-    """Await an async predicate until it returns something truthy (a poll, not a sync)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 async def _true(value: bool) -> bool:
