@@ -109,8 +109,7 @@ class ProcessStream:
         self._stdout: list[str] = []
         self._stderr: list[str] = []
         self._decoders = {
-            name: codecs.getincrementaldecoder("utf-8")("replace")
-            for name in ("stdout", "stderr")
+            name: codecs.getincrementaldecoder("utf-8")("replace") for name in ("stdout", "stderr")
         }
 
     @property
@@ -266,5 +265,3 @@ async def _call(callback: Callable[..., Any], *args: Any) -> None:
     result = callback(*args)
     if inspect.isawaitable(result):
         await result
-
-
