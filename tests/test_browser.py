@@ -269,7 +269,7 @@ def drive_notebook(notebook: Path, tmp_path: Path) -> dict[str, float]:
         # Gone within a short grace period is fine (SIGTERM handlers); stragglers fail.
         deadline = time.monotonic() + 10
         while left and time.monotonic() < deadline:
-            time.sleep(0.1)  # a poll with a deadline, not a synchronisation point
+            time.sleep(0.1)  # noqa: sleep-ok - a poll with a deadline
             left = still_alive(left)
         timings["teardown"] = round(time.monotonic() - t0, 2)
         if left:

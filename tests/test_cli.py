@@ -62,7 +62,7 @@ def wait_for(predicate, timeout: float = 10.0, what: str = "") -> None:  # type:
     while not predicate():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what or predicate}")
-        time.sleep(0.02)
+        time.sleep(0.02)  # noqa: sleep-ok - poll interval
 
 
 def stop_daemon(state_path: Path, env: dict[str, str]) -> None:
@@ -101,7 +101,7 @@ class Served:
                 raise AssertionError(f"serve exited: {self.output.read_text()}")
             if time.monotonic() > deadline:
                 raise AssertionError("serve did not write its state file")
-            time.sleep(0.02)
+            time.sleep(0.02)  # noqa: sleep-ok - poll interval
 
     def close(self) -> None:
         if self.proc.poll() is None:

@@ -31,7 +31,7 @@ async def apoll(predicate: Callable[[], Any], timeout: float = 10.0, what: str =
     while not predicate():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what or predicate}")
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)  # noqa: sleep-ok - poll interval
 
 
 @pytest.mark.timeout(30)

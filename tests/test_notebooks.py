@@ -148,7 +148,7 @@ def _run_notebook(
             _stop_daemon(state_file)
         deadline = time.monotonic() + 15
         while any(_alive(p) for p in tree) and time.monotonic() < deadline:
-            time.sleep(0.05)
+            time.sleep(0.05)  # noqa: sleep-ok - poll interval
         left = [p for p in tree if _alive(p)]
         for p in left:
             p.kill()

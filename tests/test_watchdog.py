@@ -220,7 +220,7 @@ def _served(tmp_path: Path) -> Iterator[tuple[DaemonState, subprocess.Popen[byte
                 raise AssertionError(f"serve exited: {log.read_text()}")
             if time.monotonic() > deadline:
                 raise AssertionError("serve did not write its state file")
-            time.sleep(0.02)
+            time.sleep(0.02)  # noqa: sleep-ok - poll interval
         yield state, proc
     finally:
         with contextlib.suppress(ProcessLookupError):
