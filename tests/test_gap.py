@@ -37,7 +37,7 @@ sys.stdin.readline()
 for i in range(n):
     out.write(b"%08d " % i + bytes([65 + i % 26]) * (size - 10) + b"\\n")
     out.flush()
-    time.sleep(0.001)
+    time.sleep(0.001)  # noqa: sleep-ok - poll interval
 """
 
 

@@ -47,7 +47,7 @@ sys.stdin.readline()
 for i in range(ticks):
     out.write(b"tick %06d\\n" % i)
     out.flush()
-    time.sleep(0.005)
+    time.sleep(0.005)  # noqa: sleep-ok - the child writes at a steady rate
 """.replace("BLOCK", str(BLOCK))
 
 
@@ -370,7 +370,7 @@ size, n = int(sys.argv[1]), int(sys.argv[2])
 for i in range(n):
     out.write(b"%08d " % i + bytes([65 + i % 26]) * (size - 10) + b"\\n")
     out.flush()
-    time.sleep(0.005)
+    time.sleep(0.005)  # noqa: sleep-ok - the child writes at a steady rate
 """
 
 

@@ -454,7 +454,7 @@ async def test_pending_requests_fail_promptly_when_the_process_exits(
             deadline = time.monotonic() + 5
             while client.pending == 0:  # a poll: the request is registered
                 assert time.monotonic() < deadline
-                await asyncio.sleep(0.01)
+                await asyncio.sleep(0.01)  # noqa: sleep-ok - poll interval
             started = time.monotonic()
             await sbx.commands.kill(pid)
             with pytest.raises(RpcClosed, match="exited"):
@@ -475,7 +475,7 @@ async def test_close_fails_pending_requests_and_leaves_no_task(conn: dict[str, s
         deadline = time.monotonic() + 5
         while client.pending == 0:  # a poll: the request is registered
             assert time.monotonic() < deadline
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # noqa: sleep-ok - poll interval
         assert asyncio.all_tasks() - before, "start() should be following the stream"
         started = time.monotonic()
         await client.close()

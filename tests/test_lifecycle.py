@@ -34,7 +34,7 @@ TICKER = (
     "import itertools, time\n"
     "for i in itertools.count():\n"
     "    print(i, flush=True)\n"
-    "    time.sleep(0.01)\n"
+    "    time.sleep(0.01)\n"  # noqa: sleep-ok - the child's pace
 )
 INNER = f"{shlex.quote(sys.executable)} -u -c {shlex.quote(TICKER)} & wait"
 GRANDCHILD_CMD = f"sh -c {shlex.quote(INNER)} & wait"
@@ -61,7 +61,7 @@ async def until(predicate: Callable[[], bool], timeout: float = 10.0, what: str 
     while not predicate():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what or predicate}")
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)  # noqa: sleep-ok - poll interval
 
 
 def gone(pid: int) -> bool:
@@ -247,7 +247,7 @@ async def test_process_deadline_only_when_asked(conn: dict[str, str]) -> None:
         info = bounded
         while info.state != "exited":
             assert time.monotonic() - started < 10, "the 0.5 s deadline never fired"
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.02)  # noqa: sleep-ok - poll interval
             info = await sbx.commands.get(bounded.pid)
         assert time.monotonic() - started >= 0.45
         assert info.raw["kill_reason"] == "timeout"

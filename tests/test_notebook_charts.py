@@ -21,7 +21,7 @@ COUNTER = [
     sys.executable,
     "-u",
     "-c",
-    "import time\nfor i in range(10**7):\n    print(i, flush=True)\n    time.sleep(0.005)\n",
+    "import time\nfor i in range(10**7):\n    print(i, flush=True)\n    time.sleep(0.005)\n",  # noqa: sleep-ok - a steady writer
 ]
 
 

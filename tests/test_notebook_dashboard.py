@@ -19,7 +19,7 @@ from sandboxkit.notebook.stall_lab import StallLab
 from tests.conftest import wait_until
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]  # noqa: sleep-ok - a process that just waits
 
 
 @pytest.fixture
@@ -238,7 +238,7 @@ async def test_on_the_running_loop_handlers_are_tasks_and_the_table_refreshes_it
             deadline = asyncio.get_running_loop().time() + 10
             while other.pid not in set(dash.processes_frame()["pid"]):
                 assert asyncio.get_running_loop().time() < deadline, "no auto refresh"
-                await asyncio.sleep(0.01)
+                await asyncio.sleep(0.01)  # noqa: sleep-ok - poll interval
             assert "sleep 31" in dash.table.value
             await sbx.pause()  # behind the dashboard's back: starting fails now
             failing = dash.on_start("true")
@@ -351,7 +351,7 @@ async def test_stall_lab_on_the_running_loop_counts_cycles_as_they_finish(
         seen: set[int] = set()
         while not task.done():
             seen.add(lab.progress.value)
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # noqa: sleep-ok - poll interval
         result = await task
         assert result is not None and len(result) == 3
         assert lab.result is result
@@ -388,7 +388,7 @@ async def test_stall_lab_close_cancels_a_run_and_kills_its_sandbox(
     deadline = asyncio.get_running_loop().time() + 20
     while lab.state.done < 1:
         assert asyncio.get_running_loop().time() < deadline, "no cycle finished"
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)  # noqa: sleep-ok - poll interval
     await lab.aclose()
     assert task.done() and task.cancelled()
     sandboxes = await asyncio.to_thread(Sandbox.list, **conn)

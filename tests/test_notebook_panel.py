@@ -31,7 +31,7 @@ COUNTER = [
     sys.executable,
     "-u",
     "-c",
-    "import time\nfor i in range(10**7):\n    print(i, flush=True)\n    time.sleep(0.002)\n",
+    "import time\nfor i in range(10**7):\n    print(i, flush=True)\n    time.sleep(0.002)\n",  # noqa: sleep-ok - a steady writer
 ]
 # 2000 numbered lines paced at 1000 lines/s, one write each.
 PACED = [
@@ -52,7 +52,7 @@ MARKED = [
     "-u",
     "-c",
     "import time\nprint('begin', flush=True)\n"
-    "for i in range(10**7):\n    print(i, flush=True)\n    time.sleep(0.002)\n",
+    "for i in range(10**7):\n    print(i, flush=True)\n    time.sleep(0.002)\n",  # noqa: sleep-ok - a steady writer
 ]
 CAT = ["cat"]
 
@@ -71,7 +71,7 @@ async def apoll(predicate: Callable[[], Any], timeout: float = 10.0, what: str =
     while not predicate():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what or predicate}")
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)  # noqa: sleep-ok - poll interval
 
 
 async def more_lines(panel: ProcessPanel, n: int) -> None:
@@ -496,7 +496,7 @@ async def test_async_panel_follows_reattaches_and_flushes_itself(conn: dict[str,
             deadline = time.monotonic() + 10
             while await attaches() <= before:
                 assert time.monotonic() < deadline, "the reattach did not happen"
-                await asyncio.sleep(0.01)
+                await asyncio.sleep(0.01)  # noqa: sleep-ok - poll interval
             target = panel.line_count + 30
             await apoll(lambda: panel.line_count >= target, what="lines after")
             assert panel.lines == numbered(panel.lines)
@@ -556,7 +556,7 @@ async def test_async_send_stdin_and_close(conn: dict[str, Any]) -> None:
         deadline = time.monotonic() + 5
         while await open_consumers():  # the daemon sees the closed connection shortly
             assert time.monotonic() < deadline, "the panel's stream was not closed"
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # noqa: sleep-ok - poll interval
 
 
 @pytest.mark.timeout(30)

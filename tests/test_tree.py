@@ -35,7 +35,7 @@ COUNTER = (
     "    i += 1\n"
     "    open(p + '.new', 'w').write(str(i))\n"
     "    os.replace(p + '.new', p)\n"
-    "    time.sleep(0.01)\n"
+    "    time.sleep(0.01)  # noqa: sleep-ok - the child counts at a steady rate\n"
 )
 
 BACKENDS = [
@@ -55,7 +55,7 @@ async def wait_for(
     while not predicate():
         if time.monotonic() >= deadline:
             pytest.fail(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)  # noqa: sleep-ok - poll interval
 
 
 def read_int(path: Path) -> int | None:

@@ -173,7 +173,7 @@ import sys, time
 for i in range(int(sys.argv[1])):
     sys.stdout.write("line %05d\\n" % i)
     sys.stdout.flush()
-    time.sleep(0.005)
+    time.sleep(0.005)  # noqa: sleep-ok - the child writes at a steady rate
 """
 
 
