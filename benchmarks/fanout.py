@@ -13,16 +13,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import signal
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import httpx
+from _daemon import local_daemon, stop
 
 CHUNK = 64 * 1024
 
@@ -165,53 +161,29 @@ def main() -> None:
     args = parser.parse_args()
 
     bare_port = _free_port()
-    state = Path(tempfile.mkdtemp()) / "daemon.json"
     size = args.mb * 1024 * 1024
     script = WRITER.format(blocks=size // CHUNK)
     bare = subprocess.Popen([sys.executable, "-c", BARE_APP, str(bare_port), script])
-    daemon = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "sandboxkit",
-            "serve",
-            "--state-file",
-            str(state),
-            "--retention-bytes",
-            str(size * 2),
-        ],
-        stdout=subprocess.DEVNULL,
-    )
     try:
-        asyncio.run(_wait_port(bare_port))
-        deadline = time.monotonic() + 20
-        while not state.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        info = json.loads(state.read_text())
-        rows = []
-        for n in args.consumers:
-            b = max(asyncio.run(bare_run(bare_port, n)) for _ in range(args.repeat))
-            d = max(
-                asyncio.run(daemon_run(info["url"], info["token"], args.mb, n))
-                for _ in range(args.repeat)
-            )
-            rows.append((n, b, d))
-        print(f"{'consumers':>9} {'bare MB/s':>10} {'daemon MB/s':>12} {'ratio':>6}")
-        for n, b, d in rows:
-            print(f"{n:>9} {b / 1e6:>10.1f} {d / 1e6:>12.1f} {d / b:>6.2f}")
-        ratio16 = dict((n, d / b) for n, b, d in rows).get(16)
-        if ratio16 is not None:
-            verdict = "meets" if ratio16 >= 0.5 else "MISSES"
-            print(f"16 consumers: {ratio16:.2f}x the bare baseline ({verdict} the 0.5x target)")
+        with local_daemon("--retention-bytes", str(size * 2)) as (_, info):
+            asyncio.run(_wait_port(bare_port))
+            rows = []
+            for n in args.consumers:
+                b = max(asyncio.run(bare_run(bare_port, n)) for _ in range(args.repeat))
+                d = max(
+                    asyncio.run(daemon_run(info.url, info.token, args.mb, n))
+                    for _ in range(args.repeat)
+                )
+                rows.append((n, b, d))
     finally:
-        for p in (bare, daemon):
-            p.send_signal(signal.SIGTERM)
-        for p in (bare, daemon):
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        os.environ.pop("X", None)
+        stop(bare)
+    print(f"{'consumers':>9} {'bare MB/s':>10} {'daemon MB/s':>12} {'ratio':>6}")
+    for n, b, d in rows:
+        print(f"{n:>9} {b / 1e6:>10.1f} {d / 1e6:>12.1f} {d / b:>6.2f}")
+    ratio16 = {n: d / b for n, b, d in rows}.get(16)
+    if ratio16 is not None:
+        verdict = "meets" if ratio16 >= 0.5 else "MISSES"
+        print(f"16 consumers: {ratio16:.2f}x the bare baseline ({verdict} the 0.5x target)")
 
 
 if __name__ == "__main__":

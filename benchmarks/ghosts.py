@@ -17,18 +17,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import signal
 import socket
-import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
 import psutil
+from _daemon import local_daemon
 
 WRITER = (
     "import sys\n"
@@ -137,48 +133,23 @@ def main() -> None:
     parser.add_argument("--ghosts", type=int, nargs="+", default=[0, 1, 10, 100])
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    state = Path(tempfile.mkdtemp()) / "daemon.json"
-    daemon = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "sandboxkit",
-            "serve",
-            "--state-file",
-            str(state),
-            "--retention-bytes",
-            str(args.mb * 2 * 1024 * 1024),
-            "--result-ttl",
-            "1",
-        ],
-        stdout=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 20
-        while not state.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        info = json.loads(state.read_text())
+    retention = str(args.mb * 2 * 1024 * 1024)
+    with local_daemon("--retention-bytes", retention, "--result-ttl", "1") as (daemon, info):
         rows = []
         for n in args.ghosts:
             runs = [
-                asyncio.run(run(info["url"], info["token"], daemon.pid, args.mb, n))
+                asyncio.run(run(info.url, info.token, daemon.pid, args.mb, n))
                 for _ in range(args.repeat)
             ]
             best = max(runs, key=lambda r: r["throughput"])
             rows.append((n, best, max(r["max_pause"] for r in runs)))
-        base = rows[0][1]["throughput"]
-        print(f"{'ghosts':>6} {'MB/s':>8} {'ratio':>6} {'max pause ms':>13} {'+RSS MB':>8} kicked")
-        for n, best, pause in rows:
-            print(
-                f"{n:>6} {best['throughput'] / 1e6:>8.1f} {best['throughput'] / base:>6.2f} "
-                f"{pause * 1000:>13.1f} {best['ghost_rss'] / 1e6:>8.1f} {best['kicked']:>6}"
-            )
-    finally:
-        daemon.send_signal(signal.SIGTERM)
-        try:
-            daemon.wait(20)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
+    base = rows[0][1]["throughput"]
+    print(f"{'ghosts':>6} {'MB/s':>8} {'ratio':>6} {'max pause ms':>13} {'+RSS MB':>8} kicked")
+    for n, best, pause in rows:
+        print(
+            f"{n:>6} {best['throughput'] / 1e6:>8.1f} {best['throughput'] / base:>6.2f} "
+            f"{pause * 1000:>13.1f} {best['ghost_rss'] / 1e6:>8.1f} {best['kicked']:>6}"
+        )
 
 
 if __name__ == "__main__":

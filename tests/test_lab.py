@@ -28,6 +28,7 @@ from support import poll as _poll
 
 from sandboxkit import AsyncSandbox
 from sandboxkit.daemon.config import DaemonConfig
+from sandboxkit.lab import stdio_server
 from sandboxkit.lab.experiment import REFRESH, reattach_cycles
 from sandboxkit.lab.ghosts import FrozenClient, LeakyClient, make_ghost
 from sandboxkit.lab.jsonrpc import JsonRpcClient
@@ -223,18 +224,10 @@ async def _kick_run(
     made: list[LeakyClient] = []
     client: TimedRpcClient | None = None
     try:
+        # Big pieces: the server writes the whole refresh at once, so the time measured is
+        # the fan-out's, not the server's.
         server = await sbx.commands.start(
-            [
-                sys.executable,
-                "-m",
-                "sandboxkit.lab.stdio_server",
-                "--response-size",
-                str(KICK_RESPONSE),
-                # Big pieces: the server writes the whole refresh at once, so the time
-                # measured is the fan-out's, not the server's.
-                "--piece-size",
-                "65536",
-            ]
+            stdio_server.command(response_size=KICK_RESPONSE, piece_size=65536)
         )
         client = TimedRpcClient(sbx, server.pid, cursor=0)
         await client.start()

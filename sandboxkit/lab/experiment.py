@@ -19,6 +19,7 @@ from typing import Any
 import pandas as pd
 
 from sandboxkit.client.sandbox import AsyncSandbox
+from sandboxkit.lab import stdio_server
 from sandboxkit.lab.ghosts import GHOST_KINDS, Ghost, make_ghost
 from sandboxkit.lab.jsonrpc import JsonRpcClient
 
@@ -102,15 +103,7 @@ async def reattach_cycles(
         # Each response goes out in 1 KiB pieces a moment apart, so that it spans several
         # output chunks, as a real server's larger answers do.
         server = await sbx.commands.start(
-            [
-                sys.executable,
-                "-m",
-                "sandboxkit.lab.stdio_server",
-                "--response-size",
-                str(response_size),
-                "--piece-delay",
-                "0.001",
-            ]
+            stdio_server.command(response_size=response_size, piece_delay=0.001)
         )
         pid = server.pid
         client = JsonRpcClient(sbx, pid, cursor=0)

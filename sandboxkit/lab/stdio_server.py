@@ -48,6 +48,7 @@ __all__ = [
     "RpcFailure",
     "ServerConfig",
     "StdioServer",
+    "command",
     "encode",
     "main",
     "pad_to",
@@ -395,6 +396,27 @@ def _silence_stdout() -> None:
         os.close(devnull)
     except (OSError, ValueError):
         pass
+
+
+def command(
+    *,
+    response_size: int | None = None,
+    piece_size: int | None = None,
+    piece_delay: float | None = None,
+    chatter_rate: float | None = None,
+) -> list[str]:
+    """The argv that runs this server with the given options (``None``: its default)."""
+    argv = [sys.executable, "-m", "sandboxkit.lab.stdio_server"]
+    options = {
+        "--response-size": response_size,
+        "--piece-size": piece_size,
+        "--piece-delay": piece_delay,
+        "--chatter-rate": chatter_rate,
+    }
+    for flag, value in options.items():
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv
 
 
 def _positive_int(text: str) -> int:

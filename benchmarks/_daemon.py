@@ -1,0 +1,45 @@
+"""A sandboxkit daemon in its own process, for the benchmarks (imported as ``_daemon``)."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from sandboxkit.statefile import DaemonState, read_state
+
+
+@contextlib.contextmanager
+def local_daemon(*serve_args: str) -> Iterator[tuple[subprocess.Popen[bytes], DaemonState]]:
+    """Run ``sandboxkit serve`` with ``serve_args``; yield its process and state; stop it."""
+    state_path = Path(tempfile.mkdtemp()) / "daemon.json"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sandboxkit", "serve", "--state-file", str(state_path), *serve_args],
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        state = read_state(state_path)
+        while state is None:
+            if time.monotonic() > deadline or process.poll() is not None:
+                raise RuntimeError("the daemon did not start")
+            time.sleep(0.05)
+            state = read_state(state_path)
+        yield process, state
+    finally:
+        stop(process)
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL if it has not exited after 15 s."""
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(15)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
