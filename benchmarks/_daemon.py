@@ -15,12 +15,19 @@ from sandboxkit.statefile import DaemonState, read_state
 
 
 @contextlib.contextmanager
-def local_daemon(*serve_args: str) -> Iterator[tuple[subprocess.Popen[bytes], DaemonState]]:
-    """Run ``sandboxkit serve`` with ``serve_args``; yield its process and state; stop it."""
+def local_daemon(
+    *serve_args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> Iterator[tuple[subprocess.Popen[bytes], DaemonState]]:
+    """Run ``sandboxkit serve`` with ``serve_args``; yield its process and state; stop it.
+
+    ``cwd``: run the ``sandboxkit`` package found there (another checkout, to compare);
+    ``env``: the daemon's environment (default: this process's)."""
     state_path = Path(tempfile.mkdtemp()) / "daemon.json"
     process = subprocess.Popen(
         [sys.executable, "-m", "sandboxkit", "serve", "--state-file", str(state_path), *serve_args],
         stdout=subprocess.DEVNULL,
+        cwd=cwd,
+        env=env,
     )
     try:
         deadline = time.monotonic() + 20

@@ -1,4 +1,14 @@
-"""The command line: ``sandboxkit serve | status | stop | demo``."""
+"""sandboxkit: local sandboxes for long-lived processes whose output streams never stall.
+
+Commands: serve (run a daemon in the foreground), status (the local daemon and its live
+sandboxes), ps (sandboxes and their processes), kill (kill a sandbox), logs (print or
+follow a process's output from a cursor), stop (stop the local daemon), demo (the stall
+experiment, on a private daemon), tour (a walk through the runtime, on a private daemon).
+
+Without --state-file, the commands find this install's local daemon through the state
+file: $SANDBOXKIT_STATE_FILE, else $XDG_RUNTIME_DIR/sandboxkit/daemon.json, else
+~/.sandboxkit/daemon.json (a daemon of another sandboxkit install there is left alone).
+"""
 
 from __future__ import annotations
 
@@ -8,18 +18,19 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from sandboxkit._version import __version__
-from sandboxkit.statefile import default_state_path, read_state, remove_state
+from sandboxkit.statefile import DaemonState, read_state, remove_state
 
 __all__ = ["main"]
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from sandboxkit.daemon.config import DaemonConfig
-    from sandboxkit.daemon.server import DaemonServer
+    from sandboxkit.daemon.server import DaemonServer, UnsafeBind
 
-    state_path = Path(args.state_file) if args.state_file else default_state_path()
+    state_path = _state_path(args)  # beside another install's daemon, if one holds it
     existing = read_state(state_path)
     if existing is not None and _alive(existing.pid) and existing.pid != os.getpid():
         print(f"a daemon is already running: {existing.url} (pid {existing.pid})", file=sys.stderr)
@@ -31,39 +42,190 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         keepalive_interval=args.keepalive_interval,
         freezer=args.freezer,
     )
-    server = DaemonServer(
-        config,
-        bind=args.host,
-        port=args.port,
-        token=None if args.no_auth else "",
-        state_path=state_path,
-    )
+    try:
+        server = DaemonServer(
+            config,
+            bind=args.host,
+            port=args.port,
+            token=None if args.no_auth else "",
+            state_path=state_path,
+            allow_unauthenticated_network=args.i_understand_anyone_can_run_commands,
+            envd_port=args.envd,
+        )
+    except UnsafeBind as exc:
+        print(f"sandboxkit: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # e.g. the envd port is taken
+        print(f"sandboxkit: cannot listen: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     print(f"sandboxkit {__version__} serving on {server.url} (pid {os.getpid()})", flush=True)
+    if server.envd is not None:
+        # Like Jupyter's login URL: the token is in it, for the e2b SDK's sandbox_url.
+        print(f"envd endpoint for the e2b SDK: {server.envd.url}", flush=True)
     server.run()
     return 0
 
 
-def _cmd_status(args: argparse.Namespace) -> int:
+def _state_path(args: argparse.Namespace) -> Path:
+    from sandboxkit.client.local import local_state_path
+
+    return Path(args.state_file) if args.state_file else local_state_path()
+
+
+def _running(args: argparse.Namespace) -> DaemonState | None:
     from sandboxkit.client.local import probe
 
-    state_path = Path(args.state_file) if args.state_file else default_state_path()
-    state = read_state(state_path)
+    state = read_state(_state_path(args))
     if state is None or not probe(state):
         print("no daemon running")
-        return 1
+        return None
+    return state
+
+
+def _get(state: DaemonState, path: str) -> Any:
     import httpx
 
     headers = {"Authorization": f"Bearer {state.token}"}
-    sandboxes = httpx.get(state.url + "/sandboxes", headers=headers, timeout=5).json()
+    response = httpx.get(state.url + path, headers=headers, timeout=10)
+    response.raise_for_status()
+    return response.json()
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    state = _running(args)
+    if state is None:
+        return 1
+    sandboxes = _get(state, "/sandboxes")
     uptime = time.time() - state.started_at
     print(f"daemon {state.url} pid {state.pid} version {state.version} up {uptime:.0f}s")
+    live = [s for s in sandboxes if s["state"] != "killed"]
+    for s in live:
+        timeout = "never" if s.get("timeout") is None else f"{s['timeout']:g}s"
+        print(
+            f"  {s['sandbox_id']}  {s['state']:8}  processes={s['processes']}  "
+            f"timeout={timeout} then {s.get('on_timeout', 'kill')}"
+        )
+    if not live:
+        print("  no live sandboxes")
+    ended = len(sandboxes) - len(live)
+    if ended:
+        print(f"  ({ended} ended sandbox{'es' if ended != 1 else ''} not shown)")
+    return 0
+
+
+def _cmd_ps(args: argparse.Namespace) -> int:
+    state = _running(args)
+    if state is None:
+        return 1
+    sandboxes = [s for s in _get(state, "/sandboxes") if args.all or s["state"] != "killed"]
+    if not sandboxes:
+        print("no live sandboxes" + ("" if args.all else " (--all shows ended ones)"))
     for s in sandboxes:
-        print(f"  {s['sandbox_id']}  {s['state']:8}  processes={s['processes']}")
+        print(f"{s['sandbox_id']}  {s['state']}")
+        processes = _get(state, f"/sandboxes/{s['sandbox_id']}/processes")
+        if not processes:
+            print("    (no processes)")
+        for p in processes:
+            spec = p.get("spec") or {}
+            command = spec.get("cmd") or " ".join(spec.get("argv") or [])
+            command = command.replace("\n", "\\n")
+            if len(command) > 60:
+                command = command[:57] + "..."
+            exit_code = "" if p.get("exit_code") is None else f" exit={p['exit_code']}"
+            print(
+                f"    pid {p['pid']:<7} {p['state']:8}{exit_code}  head={p.get('head', 0)}  "
+                f"consumers={p.get('consumers', 0)}  {command}"
+            )
+    return 0
+
+
+def _cmd_kill(args: argparse.Namespace) -> int:
+    import httpx
+
+    state = _running(args)
+    if state is None:
+        return 1
+    headers = {"Authorization": f"Bearer {state.token}"}
+    response = httpx.delete(f"{state.url}/sandboxes/{args.sandbox_id}", headers=headers, timeout=30)
+    if response.status_code == 404:
+        print(f"no sandbox {args.sandbox_id}", file=sys.stderr)
+        return 1
+    response.raise_for_status()
+    print(f"killed sandbox {args.sandbox_id}")
+    return 0
+
+
+def _cmd_logs(args: argparse.Namespace) -> int:
+    import asyncio
+
+    state = _running(args)
+    if state is None:
+        return 1
+    try:
+        return asyncio.run(_logs(state, args.sandbox_id, args.pid, args.cursor, args.follow))
+    except KeyboardInterrupt:  # Ctrl-C on --follow: _logs printed where to resume
+        return 130
+
+
+async def _logs(
+    state: DaemonState, sandbox_id: str, pid: int, cursor: int | None, follow: bool
+) -> int:
+    """Write the process's output byte for byte (stdout to stdout, stderr to stderr) from
+    ``cursor``; without ``follow`` up to the output there is now. Ends by telling on
+    stderr the cursor to resume from."""
+    from sandboxkit.client.api import ApiClient
+    from sandboxkit.errors import SandboxkitError
+    from sandboxkit.wire import FrameKind
+
+    api = ApiClient(state.url, state.token)
+    path = f"/sandboxes/{sandbox_id}/processes/{pid}"
+    ended = False
+    try:
+        head = int((await api.call("GET", path))["head"])
+        if not follow and cursor is not None and cursor >= head:
+            return 0  # nothing new; the finally clause says where to resume
+        async with api.stream(path + "/stream", cursor=cursor, name="cli-logs") as frames:
+            async for frame in frames:
+                if frame.kind is FrameKind.START:
+                    cursor = int(frame.meta["cursor"])
+                    if not follow and cursor >= head:
+                        break
+                elif frame.kind is FrameKind.DATA:
+                    out = sys.stderr if frame.meta.get("stream") == "stderr" else sys.stdout
+                    out.buffer.write(frame.payload)
+                    out.buffer.flush()
+                    cursor = int(frame.meta["seq"]) + 1
+                    if not follow and cursor >= head:
+                        break
+                elif frame.kind is FrameKind.GAP:
+                    print(
+                        f"# {frame.meta['bytes_lost']} bytes were evicted before cursor "
+                        f"{frame.meta['first_available']}",
+                        file=sys.stderr,
+                    )
+                    cursor = int(frame.meta["first_available"])
+                elif frame.kind is FrameKind.END:
+                    ended = True
+                    code = frame.meta.get("exit_code")
+                    print(f"# process {pid} exited with code {code}", file=sys.stderr)
+                    break
+                elif frame.kind is FrameKind.ERROR:
+                    raise frame.error()
+    except SandboxkitError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        await api.aclose()
+        if not ended and cursor is not None:  # also on Ctrl-C (a cancellation here)
+            print(
+                f"# resume with: sandboxkit logs {sandbox_id} {pid} --cursor {cursor}",
+                file=sys.stderr,
+            )
     return 0
 
 
 def _cmd_stop(args: argparse.Namespace) -> int:
-    state_path = Path(args.state_file) if args.state_file else default_state_path()
+    state_path = _state_path(args)
     state = read_state(state_path)
     if state is None or not _alive(state.pid):
         print("no daemon running")
@@ -90,6 +252,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         deadline=args.deadline,
         kick_grace=args.kick_grace,
         progress=not args.no_progress,
+        client=args.client,
     )
 
 
@@ -126,56 +289,202 @@ def _wait_gone(pid: int, timeout: float) -> bool:
     return not _alive(pid)
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sandboxkit", description=__doc__)
-    parser.add_argument("--version", action="version", version=__version__)
-    sub = parser.add_subparsers(dest="command", required=True)
+_STATE_FILE_HELP = (
+    "the daemon's state file (url, pid, token); default: this install's local daemon, "
+    "found through $SANDBOXKIT_STATE_FILE, else $XDG_RUNTIME_DIR/sandboxkit/daemon.json, "
+    "else ~/.sandboxkit/daemon.json"
+)
 
-    serve = sub.add_parser("serve", help="run the daemon in the foreground")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=0)
-    serve.add_argument("--state-file", help="where to publish url/pid/token")
-    serve.add_argument("--no-auth", action="store_true", help="accept requests without token")
-    serve.add_argument("--retention-bytes", type=int, default=8 * 1024 * 1024)
-    serve.add_argument("--result-ttl", type=float, default=900.0)
-    serve.add_argument("--stall-timeout", type=float, default=10.0)
-    serve.add_argument("--keepalive-interval", type=float, default=2.0)
-    serve.add_argument("--freezer", choices=["auto", "cgroup", "signals"], default="auto")
+
+class _HelpWithDefaults(argparse.HelpFormatter):
+    """Every option's help ends with its default, unless the help already names it (or
+    it is an off-by-default flag)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.default is None or action.default is False:
+            return text
+        if action.default == argparse.SUPPRESS:
+            return text
+        if isinstance(action.default, list):
+            return text + " (default: " + " ".join(map(str, action.default)) + ")"
+        return text + " (default: %(default)s)"
+
+
+def _sub(sub: Any, name: str, help: str) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = sub.add_parser(
+        name,
+        help=help,
+        description=help[0].upper() + help[1:] + ".",
+        formatter_class=_HelpWithDefaults,
+    )
+    return parser
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sandboxkit",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=__version__)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = _sub(sub, "serve", "run a daemon in the foreground (127.0.0.1, bearer token)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    serve.add_argument("--port", type=int, default=0, help="port to listen on (0: any free one)")
+    serve.add_argument(
+        "--state-file",
+        help="where to publish url, pid and token (default: $SANDBOXKIT_STATE_FILE, else "
+        "$XDG_RUNTIME_DIR/sandboxkit/daemon.json, else ~/.sandboxkit/daemon.json)",
+    )
+    serve.add_argument(
+        "--no-auth", action="store_true", help="accept requests without the bearer token"
+    )
+    serve.add_argument(
+        "--i-understand-anyone-can-run-commands",
+        action="store_true",
+        help="allow --no-auth on a non-loopback --host (anyone who can reach it can run commands)",
+    )
+    serve.add_argument(
+        "--retention-bytes",
+        type=int,
+        default=8 * 1024 * 1024,
+        help="output kept per process, in bytes; older output is evicted (a reader behind "
+        "it gets a gap)",
+    )
+    serve.add_argument(
+        "--result-ttl",
+        type=float,
+        default=900.0,
+        help="seconds an exited process's output and exit code stay available",
+    )
+    serve.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=10.0,
+        help="seconds a stream may make no progress before the daemon kicks it",
+    )
+    serve.add_argument(
+        "--keepalive-interval",
+        type=float,
+        default=2.0,
+        help="seconds between keepalive frames on an idle stream",
+    )
+    serve.add_argument(
+        "--envd",
+        type=int,
+        nargs="?",
+        const=49983,
+        default=None,
+        metavar="PORT",
+        help="also serve an envd-compatible endpoint for the official e2b SDK in debug mode "
+        "(default port 49983, envd's; 0: any free one); see docs/e2b.md",
+    )
+    serve.add_argument(
+        "--freezer",
+        choices=["auto", "cgroup", "signals"],
+        default="auto",
+        help="how pause freezes a process tree: cgroup freezer, SIGSTOP/SIGCONT, or the "
+        "best available",
+    )
     serve.set_defaults(func=_cmd_serve)
 
-    status = sub.add_parser("status", help="show the local daemon and its sandboxes")
-    status.add_argument("--state-file")
+    status = _sub(sub, "status", "show the local daemon, its live sandboxes and how many ended")
+    status.add_argument("--state-file", help=_STATE_FILE_HELP)
     status.set_defaults(func=_cmd_status)
 
-    stop = sub.add_parser("stop", help="stop the local daemon (kills its sandboxes)")
-    stop.add_argument("--state-file")
-    stop.add_argument("--timeout", type=float, default=20.0)
+    ps = _sub(sub, "ps", "list the live sandboxes and their processes")
+    ps.add_argument("--all", action="store_true", help="also list ended (killed) sandboxes")
+    ps.add_argument("--state-file", help=_STATE_FILE_HELP)
+    ps.set_defaults(func=_cmd_ps)
+
+    kill = _sub(sub, "kill", "kill a sandbox and every process in it")
+    kill.add_argument("sandbox_id", metavar="ID", help="the sandbox, e.g. sbx-1a2b3c4d (see ps)")
+    kill.add_argument("--state-file", help=_STATE_FILE_HELP)
+    kill.set_defaults(func=_cmd_kill)
+
+    logs = _sub(sub, "logs", "print a process's output from a cursor, byte for byte")
+    logs.add_argument("sandbox_id", metavar="ID", help="the sandbox (see ps)")
+    logs.add_argument("pid", type=int, metavar="PID", help="the process (see ps)")
+    logs.add_argument(
+        "--cursor",
+        type=int,
+        default=None,
+        help="the chunk to start from, as printed by an earlier `logs` (default: the oldest "
+        "output kept)",
+    )
+    logs.add_argument(
+        "--follow",
+        "-f",
+        action="store_true",
+        help="keep printing new output until the process exits (Ctrl-C stops)",
+    )
+    logs.add_argument("--state-file", help=_STATE_FILE_HELP)
+    logs.set_defaults(func=_cmd_logs)
+
+    stop = _sub(sub, "stop", "stop the local daemon; every sandbox process is killed")
+    stop.add_argument("--state-file", help=_STATE_FILE_HELP)
+    stop.add_argument(
+        "--timeout",
+        type=float,
+        default=20.0,
+        help="seconds to wait for a clean shutdown before SIGKILL",
+    )
     stop.set_defaults(func=_cmd_stop)
 
-    demo = sub.add_parser(
-        "demo", help="the stall experiment: policies x ghosts, stall table, CSV and PNG"
+    demo = _sub(
+        sub,
+        "demo",
+        "the stall experiment on a private daemon: policies x ghosts, stall table, CSV and PNG",
     )
-    demo.add_argument("--cycles", type=int, default=6)
+    demo.add_argument(
+        "--cycles", type=int, default=6, help="pause/resume/reattach cycles per policy"
+    )
     demo.add_argument(
         "--policies",
         nargs="+",
         default=["blocking", "kick", "cursor"],
         choices=["blocking", "kick", "cursor"],
+        help="fan-out policies to compare",
     )
     demo.add_argument(
         "--ghost",
         nargs="+",
         default=["pause-snapshot"],
         choices=["pause-snapshot", "leaky", "frozen", "none"],
+        help="what a stream open at a pause becomes",
     )
-    demo.add_argument("--out", default="demo-output", help="folder for the CSV and PNG")
-    demo.add_argument("--deadline", type=float, default=3.0, help="seconds per refresh")
-    demo.add_argument("--kick-grace", type=float, default=None, help="kick policy's grace")
-    demo.add_argument("--no-progress", action="store_true")
+    demo.add_argument("--out", default="demo-output", help="folder for the CSV and PNG files")
+    demo.add_argument(
+        "--deadline",
+        type=float,
+        default=3.0,
+        help="seconds a refresh may take before it counts as stalled",
+    )
+    demo.add_argument(
+        "--kick-grace",
+        type=float,
+        default=None,
+        help="seconds the kick policy waits on a full queue (default: the daemon's, 5)",
+    )
+    demo.add_argument("--no-progress", action="store_true", help="no progress bar")
+    demo.add_argument(
+        "--client",
+        choices=["sandboxkit", "e2b"],
+        default="sandboxkit",
+        help="who reattaches: sandboxkit's client, or the official e2b SDK through the "
+        "daemon's envd endpoint (needs pip install e2b)",
+    )
     demo.set_defaults(func=_cmd_demo)
 
-    tour = sub.add_parser("tour", help="a walk through the runtime: consumers, pause, reattach")
-    tour.add_argument("--lines", type=int, default=120)
+    tour = _sub(
+        sub,
+        "tour",
+        "a walk through the runtime on a private daemon: two consumers, pause/resume, "
+        "reattach by cursor",
+    )
+    tour.add_argument("--lines", type=int, default=120, help="lines the example process prints")
     tour.set_defaults(func=_cmd_tour)
     return parser
 

@@ -9,17 +9,22 @@ class                  status  meaning
 =====================  ======  =========================================================
 SandboxNotFound        404     no sandbox with that id
 SandboxPaused          409     the sandbox is paused and does not auto-resume
+SandboxClosed          409     this client was closed (``close()``/``kill()``/``with`` exit)
 ProcessNotFound        404     no process with that pid in the sandbox
 ResultUnavailable      410     the process is unknown, or its result outlived the TTL
 OutputGap              410     the cursor fell behind retention (bytes were evicted)
+OutputIncomplete       410     a foreground command's output was not all received or kept
 ConsumerKicked         409     the daemon closed a stream that made no progress
 StreamStalled          504     the client saw no frame within its watchdog bound
 CommandExitError       500     a foreground command exited non-zero (carries the result)
 StdinSeqMismatch       409     a stdin batch arrived out of order
+StdinBusy              429     the process's stdin buffer is full; retry the same batch later
 MalformedFrame         400     bytes on the wire are not a valid frame or JSON body
 DaemonUnavailable      503     the daemon cannot be reached or is shutting down
 Unauthorized           401     missing or wrong bearer token
+FileNotFound           404     no file (or directory) at that path in the sandbox
 InvalidArgument        422     a well-formed request with a bad value
+PayloadTooLarge        413     the request body is larger than the daemon accepts
 =====================  ======  =========================================================
 """
 
@@ -35,14 +40,20 @@ __all__ = [
     "CommandExitError",
     "ConsumerKicked",
     "DaemonUnavailable",
+    "FileNotFound",
     "InvalidArgument",
     "MalformedFrame",
     "OutputGap",
+    "OutputGapWarning",
+    "OutputIncomplete",
+    "PayloadTooLarge",
     "ProcessNotFound",
     "ResultUnavailable",
+    "SandboxClosed",
     "SandboxNotFound",
     "SandboxPaused",
     "SandboxkitError",
+    "StdinBusy",
     "StdinSeqMismatch",
     "StreamStalled",
     "Unauthorized",
@@ -102,6 +113,18 @@ class SandboxPaused(SandboxkitError):
     sandbox_id: str | None
 
 
+class SandboxClosed(SandboxkitError):
+    """This client object was closed — by ``close()`` (the sandbox keeps running; reattach
+    with ``Sandbox.connect(sandbox_id)``), or by ``kill()`` or leaving its ``with`` block
+    (the sandbox is gone). Raised by the client itself; no request is sent."""
+
+    code = "sandbox_closed"
+    status = 409
+    fields = ("sandbox_id", "reason")
+    sandbox_id: str | None
+    reason: str | None
+
+
 class ProcessNotFound(SandboxkitError):
     """No process with that pid in the sandbox."""
 
@@ -133,6 +156,26 @@ class OutputGap(SandboxkitError):
     cursor: int | None
     first_available: int | None
     bytes_lost: int | None
+
+
+class OutputIncomplete(SandboxkitError):
+    """A foreground command finished but its result is not its whole output:
+    ``bytes_lost`` bytes were evicted by the daemon before they were read (gaps) or
+    dropped beyond ``keep_output``; ``result`` has what was kept (a marker where a gap
+    was)."""
+
+    code = "output_incomplete"
+    status = 410
+    fields = ("pid", "exit_code", "bytes_lost", "result")
+    pid: int | None
+    exit_code: int | None
+    bytes_lost: int | None
+    result: CommandResult | None
+
+
+class OutputGapWarning(UserWarning):
+    """Output was evicted before a stream read it, and nobody passed ``on_gap=`` to handle
+    it; the handle's ``stdout`` shows a marker where the bytes are missing."""
 
 
 class ConsumerKicked(SandboxkitError):
@@ -180,6 +223,18 @@ class StdinSeqMismatch(SandboxkitError):
     got: int | None
 
 
+class StdinBusy(SandboxkitError):
+    """The process is not reading its stdin and ``buffered`` bytes already wait (the limit
+    is ``limit``): nothing was written. Retryable: send the same batch again later."""
+
+    code = "stdin_busy"
+    status = 429
+    fields = ("pid", "buffered", "limit")
+    pid: int | None
+    buffered: int | None
+    limit: int | None
+
+
 class MalformedFrame(SandboxkitError):
     """Bytes that are not a valid frame, or a request body that is not valid JSON."""
 
@@ -203,6 +258,15 @@ class Unauthorized(SandboxkitError):
     status = 401
 
 
+class FileNotFound(SandboxkitError):
+    """No file (or directory) at that path in the sandbox."""
+
+    code = "file_not_found"
+    status = 404
+    fields = ("path",)
+    path: str | None
+
+
 class InvalidArgument(SandboxkitError):
     """A well-formed request with a value the daemon cannot accept."""
 
@@ -212,22 +276,34 @@ class InvalidArgument(SandboxkitError):
     field: str | None
 
 
+class PayloadTooLarge(SandboxkitError):
+    """The request body is larger than the daemon's limit (``DaemonConfig.max_body``)."""
+
+    code = "payload_too_large"
+    status = 413
+
+
 ERROR_TABLE: dict[str, type[SandboxkitError]] = {
     cls.code: cls
     for cls in (
         SandboxNotFound,
         SandboxPaused,
+        SandboxClosed,
         ProcessNotFound,
         ResultUnavailable,
         OutputGap,
+        OutputIncomplete,
         ConsumerKicked,
         StreamStalled,
         CommandExitError,
         StdinSeqMismatch,
+        StdinBusy,
         MalformedFrame,
         DaemonUnavailable,
         Unauthorized,
+        FileNotFound,
         InvalidArgument,
+        PayloadTooLarge,
     )
 }
 

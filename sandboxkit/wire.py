@@ -31,6 +31,7 @@ __all__ = [
     "FrameDecoder",
     "FrameKind",
     "encode_frame",
+    "encode_frame_head",
 ]
 
 CONTENT_TYPE = "application/x-sandboxkit-frames"
@@ -67,10 +68,18 @@ def encode_frame(
     kind: FrameKind, meta: dict[str, Any] | None = None, payload: bytes = b""
 ) -> bytes:
     """Encode one frame to bytes."""
-    meta_bytes = json.dumps(meta or {}, separators=(",", ":")).encode()
-    if len(meta_bytes) > MAX_META or len(payload) > MAX_PAYLOAD:
+    return encode_frame_head(kind, meta, len(payload)) + payload
+
+
+def encode_frame_head(kind: FrameKind, meta: dict[str, Any] | None, payload_size: int) -> bytes:
+    """The bytes of a frame before its payload (header and metadata): a frame is this
+    followed by the ``payload_size`` payload bytes, so a sender can write the payload
+    without copying it into one buffer with the head."""
+    # allow_nan=False: a frame carries only what any JSON parser (and the decoder) takes.
+    meta_bytes = json.dumps(meta or {}, separators=(",", ":"), allow_nan=False).encode()
+    if len(meta_bytes) > MAX_META or payload_size > MAX_PAYLOAD:
         raise ValueError("frame too large")
-    return _HEADER.pack(kind, len(meta_bytes), len(payload)) + meta_bytes + payload
+    return _HEADER.pack(kind, len(meta_bytes), payload_size) + meta_bytes
 
 
 class FrameDecoder:
@@ -104,10 +113,11 @@ class FrameDecoder:
                 break
             meta_start = pos + _HEADER.size
             try:
-                meta = json.loads(bytes(buf[meta_start : meta_start + meta_len]) or b"{}")
-            except ValueError as exc:
+                meta = _load_meta(bytes(buf[meta_start : meta_start + meta_len]) or b"{}")
+            except (ValueError, RecursionError) as exc:
+                # Not JSON, not UTF-8, NaN/Infinity, or nested past the parser's depth.
                 self._broken = True
-                raise MalformedFrame(f"frame metadata is not JSON: {exc}") from None
+                raise MalformedFrame(f"frame metadata is not JSON: {exc!r}"[:300]) from None
             if not isinstance(meta, dict):
                 self._broken = True
                 raise MalformedFrame("frame metadata is not a JSON object")
@@ -125,3 +135,11 @@ class FrameDecoder:
 
 
 _KINDS = frozenset(int(k) for k in FrameKind)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _load_meta(raw: bytes) -> Any:
+    return json.loads(raw, parse_constant=_refuse_constant)

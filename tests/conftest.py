@@ -81,7 +81,7 @@ def no_leaked_processes() -> Iterator[None]:
             for p in left:
                 p.kill()
             pytest.fail(f"test left processes behind: {[p.cmdline() for p in left]}")
-        time.sleep(0.02)  # noqa: sleep-ok - poll interval
+        time.sleep(0.02)  # sleep-ok: poll interval
 
 
 def _alive(p: psutil.Process) -> bool:

@@ -163,12 +163,17 @@ def reap(procs: Iterable[psutil.Process], timeout: float = 5.0) -> None:
 
 @dataclass
 class JupyterLab:
-    """``jupyter lab`` on 127.0.0.1 with a random port and token, fully isolated under
-    ``base`` (a fresh temporary directory)."""
+    """``jupyter lab`` (or, with ``app="notebook"``, Notebook 7's ``jupyter notebook``) on
+    127.0.0.1 with a random port and token, fully isolated under ``base`` (a fresh
+    temporary directory)."""
 
     base: Path
     notebooks: list[Path]
     extra_env: dict[str, str] = field(default_factory=dict)
+    windowing_mode: str | None = "none"
+    """JupyterLab's notebook windowing mode; ``None``: the lab's default."""
+    app: str = "lab"
+    """``"lab"``: JupyterLab; ``"notebook"``: Notebook 7 (same settings, same isolation)."""
     port: int = 0
     token: str = ""
     proc: subprocess.Popen[bytes] | None = None
@@ -187,6 +192,10 @@ class JupyterLab:
     def lab_url(self, notebook: str) -> str:
         return f"{self.url}/lab/tree/{notebook}?token={self.token}"
 
+    def notebook_url(self, notebook: str) -> str:
+        """Notebook 7's page for ``notebook`` (needs ``app="notebook"``)."""
+        return f"{self.url}/notebooks/{notebook}?token={self.token}"
+
     def _prepare(self) -> dict[str, str]:
         self.root.mkdir(parents=True)
         for nb in self.notebooks:
@@ -197,6 +206,10 @@ class JupyterLab:
             d.mkdir(parents=True, exist_ok=True)
         (config / "jupyter_server_config.json").write_text(json.dumps(SERVER_CONFIG))
         for plugin_id, values in LAB_SETTINGS.items():
+            if self.windowing_mode != "none" and "windowingMode" in values:
+                values = {k: v for k, v in values.items() if k != "windowingMode"}
+                if self.windowing_mode is not None:
+                    values["windowingMode"] = self.windowing_mode
             package, plugin = plugin_id.split(":")
             target = settings / package / f"{plugin}.jupyterlab-settings"
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -227,10 +240,14 @@ class JupyterLab:
 
     def start(self) -> JupyterLab:
         env = self._prepare()
+        module, app_class = {
+            "lab": ("jupyterlab", "LabApp"),
+            "notebook": ("notebook", "JupyterNotebookApp"),
+        }[self.app]
         cmd = [
             sys.executable,
             "-m",
-            "jupyterlab",
+            module,
             "--no-browser",
             "--allow-root",
             "--ServerApp.ip=127.0.0.1",
@@ -238,8 +255,8 @@ class JupyterLab:
             "--ServerApp.port_retries=0",
             f"--IdentityProvider.token={self.token}",
             f"--ServerApp.root_dir={self.root}",
-            f"--LabApp.user_settings_dir={self.jupyter / 'lab-settings'}",
-            f"--LabApp.workspaces_dir={self.jupyter / 'workspaces'}",
+            f"--{app_class}.user_settings_dir={self.jupyter / 'lab-settings'}",
+            f"--{app_class}.workspaces_dir={self.jupyter / 'workspaces'}",
             "--ServerApp.shutdown_no_activity_timeout=0",
         ]
         log = open(self.log_path, "wb")  # noqa: SIM115 - handed to the child
@@ -275,7 +292,7 @@ class JupyterLab:
         def ready() -> bool:
             if self.proc is not None and self.proc.poll() is not None:
                 raise AssertionError(
-                    f"jupyter lab exited with {self.proc.returncode}:\n{self.log_tail()}"
+                    f"jupyter {self.app} exited with {self.proc.returncode}:\n{self.log_tail()}"
                 )
             try:
                 return self.api("GET", "/api/status", timeout=2.0).status_code == 200
@@ -283,9 +300,25 @@ class JupyterLab:
                 return False
 
         try:
-            deadline_poll(ready, timeout, "jupyter lab /api/status", interval=0.1)
+            deadline_poll(ready, timeout, f"jupyter {self.app} /api/status", interval=0.1)
         except AssertionError as e:
             raise AssertionError(f"{e}\n--- jupyter log ---\n{self.log_tail()}") from None
+
+    def set_windowing_mode(self, mode: str | None) -> None:
+        """Switch the notebook windowing mode (``None``: the default) for pages opened
+        from now on, through the lab's settings API."""
+        values = dict(LAB_SETTINGS["@jupyterlab/notebook-extension:tracker"])
+        values.pop("windowingMode", None)
+        if mode is not None:
+            values["windowingMode"] = mode
+        r = httpx.put(
+            f"{self.url}/lab/api/settings/@jupyterlab/notebook-extension:tracker",
+            headers={"Authorization": f"token {self.token}"},
+            json={"raw": json.dumps(values)},
+            timeout=10.0,
+        )
+        assert r.status_code in (200, 204), (r.status_code, r.text[:500])
+        self.windowing_mode = mode
 
     def kernel_for(self, notebook: str) -> str | None:
         """The id of the kernel of the session open on ``notebook``, if any."""

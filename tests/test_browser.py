@@ -90,11 +90,11 @@ def _wait_status(page: Page, name: str, op: str, old: int, what: str) -> None:
         raise AssertionError(f"{e}; panel status now: {texts}") from None
 
 
-def _require_browser_stack() -> None:
+def _require_browser_stack(*more_modules: str) -> None:
     missing = []
     if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
         missing.append(f"{CHROMIUM} ({INSTALL_HINT})")
-    for module in ("playwright", "jupyterlab", "ipykernel", "ipywidgets"):
+    for module in ("playwright", "jupyterlab", "ipykernel", "ipywidgets", *more_modules):
         if importlib.util.find_spec(module) is None:
             missing.append(f"python package {module!r} (pip install -e '.[test]')")
     if not missing:
@@ -269,7 +269,7 @@ def drive_notebook(notebook: Path, tmp_path: Path) -> dict[str, float]:
         # Gone within a short grace period is fine (SIGTERM handlers); stragglers fail.
         deadline = time.monotonic() + 10
         while left and time.monotonic() < deadline:
-            time.sleep(0.1)  # noqa: sleep-ok - a poll with a deadline
+            time.sleep(0.1)  # sleep-ok: a poll with a deadline
             left = still_alive(left)
         timings["teardown"] = round(time.monotonic() - t0, 2)
         if left:

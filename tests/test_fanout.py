@@ -104,7 +104,9 @@ async def test_ghost_tcp_consumer_does_not_delay_healthy_consumers(
 
             # Healthy consumer 1: the SDK, collecting decoded text.
             sdk_text: list[str] = []
-            handle = await sbx.commands.connect(pid, cursor=0, on_stdout=sdk_text.append)
+            handle = await sbx.commands.connect(
+                pid, cursor=0, on_stdout=sdk_text.append, lines=False
+            )
 
             # Healthy consumer 2: raw frames, byte-exact.
             async def read_raw() -> tuple[list[Frame], Frame]:
@@ -251,7 +253,7 @@ async def test_blocked_sink_stops_neither_other_consumer_nor_producer(host: Host
     try:
         await asyncio.wait_for(good_sink.started.wait(), 5)
         assert len(stuck_sink.accepted) == 1  # the stuck one got its `start` frame
-        process.write_stdin("s", 0, b"go\n")
+        await process.write_stdin("s", 0, b"go\n")
 
         await asyncio.wait_for(stuck_sink.stuck.wait(), 5)
         try:

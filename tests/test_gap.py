@@ -6,6 +6,7 @@ oldest retained chunk — never a silent skip. The SDK surfaces gaps through ``o
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import sys
 from typing import Any
@@ -17,8 +18,9 @@ from support import poll as _poll
 
 from sandboxkit import AsyncSandbox, OutputGap
 from sandboxkit.client.api import ApiClient
-from sandboxkit.client.stream import GapInfo
+from sandboxkit.client.stream import GapInfo, gap_marker
 from sandboxkit.daemon.config import DaemonConfig
+from sandboxkit.errors import OutputGapWarning, OutputIncomplete
 from sandboxkit.wire import Frame, FrameDecoder, FrameKind
 
 RETENTION = 64 * 1024
@@ -37,7 +39,7 @@ sys.stdin.readline()
 for i in range(n):
     out.write(b"%08d " % i + bytes([65 + i % 26]) * (size - 10) + b"\\n")
     out.flush()
-    time.sleep(0.001)  # noqa: sleep-ok - poll interval
+    time.sleep(0.001)  # sleep-ok: poll interval
 """
 
 
@@ -290,7 +292,7 @@ async def test_sdk_reports_gaps_to_on_gap(conn: dict[str, str]) -> None:
             gaps: list[GapInfo] = []
             text: list[str] = []
             handle = await sbx.commands.connect(
-                run.pid, cursor=0, on_stdout=text.append, on_gap=gaps.append
+                run.pid, cursor=0, on_stdout=text.append, on_gap=gaps.append, lines=False
             )
             result = await asyncio.wait_for(handle.wait(), 20)
             assert gaps == [GapInfo(cursor=0, first_available=first, bytes_lost=lost)]
@@ -320,3 +322,71 @@ async def test_sdk_reports_gaps_to_on_gap(conn: dict[str, str]) -> None:
             assert [(e["first_available"], e["bytes_lost"]) for e in events] == [(first, lost)] * 2
         finally:
             await api.aclose()
+
+
+@pytest.mark.timeout(30)
+async def test_sdk_gap_is_visible_by_default(conn: dict[str, str]) -> None:
+    async with await AsyncSandbox.create(**conn) as sbx:
+        api = ApiClient(conn["url"], conn["token"])
+        try:
+            run = _Run(sbx, api)
+            await run.start()
+            first = (await run.info())["first_seq"]
+            lost = run.offset(first)
+
+            # No on_gap: a typed warning, and a marker where the bytes are missing.
+            with pytest.warns(OutputGapWarning, match=f"{lost} bytes"):
+                handle = await sbx.commands.connect(run.pid, cursor=0)
+                await asyncio.wait_for(handle.wait(), 20)
+            gap = GapInfo(cursor=0, first_available=first, bytes_lost=lost)
+            assert handle.stdout == gap_marker(gap) + expected_output()[lost:].decode()
+            assert handle.stdout_bytes == expected_output()[lost:]  # bytes stay exact
+
+            # keep_output bounds what a handle keeps: the newest bytes.
+            handle = await sbx.commands.connect(run.pid, first, keep_output=10_000)
+            await asyncio.wait_for(handle.wait(), 20)
+            assert handle.stdout_bytes == expected_output()[-10_000:]
+            assert handle.result().bytes_lost == TOTAL - lost - 10_000
+        finally:
+            await api.aclose()
+
+
+@pytest.mark.timeout(30)
+async def test_foreground_run_never_returns_incomplete_output(conn: dict[str, str]) -> None:
+    async with await AsyncSandbox.create(**conn) as sbx:
+        # A foreground run whose reader stalls (its callback blocks) while the process
+        # writes 15 × the retention: the daemon evicts what it has not read.
+        release = asyncio.Event()
+
+        async def slow(line: str) -> None:
+            await release.wait()
+
+        cmd = [sys.executable, "-c", WRITER, str(LINE), str(LINES)]
+        running = asyncio.create_task(sbx.commands.run(cmd, on_stdout=slow))
+        (proc,) = await _poll(sbx.commands.list, 10, "the process to start")
+        await sbx.commands.send_stdin(proc.pid, "go\n")
+
+        async def exited() -> bool:
+            return (await sbx.commands.get(proc.pid)).state == "exited"
+
+        await _poll(exited, 20, "the writer to exit")
+        release.set()
+        with pytest.raises(OutputIncomplete) as caught, pytest.warns(OutputGapWarning):
+            await asyncio.wait_for(running, 20)
+        error = caught.value
+        assert error.result is not None and error.exit_code == 0
+        # Received + lost = written; the result marks where the bytes are missing.
+        assert error.bytes_lost and 0 < error.bytes_lost < TOTAL
+        assert f"{error.bytes_lost} bytes" in str(error)
+        markers = re.findall(
+            r"\n\[sandboxkit: (\d+) bytes of output lost here\]\n", error.result.stdout
+        )
+        assert markers and sum(map(int, markers)) == error.bytes_lost
+        received = re.sub(r"\n\[sandboxkit: .*\]\n", "", error.result.stdout).encode()
+        assert len(received) + error.bytes_lost == TOTAL
+
+        # Keeping less than the output is incomplete too, and says so.
+        with pytest.raises(OutputIncomplete) as caught:
+            await sbx.commands.run(["printf", "x%.0s", *["1"] * 100], keep_output=10)
+        assert caught.value.bytes_lost == 90
+        assert caught.value.result is not None and caught.value.result.stdout == "x" * 10

@@ -47,7 +47,7 @@ sys.stdin.readline()
 for i in range(ticks):
     out.write(b"tick %06d\\n" % i)
     out.flush()
-    time.sleep(0.005)  # noqa: sleep-ok - the child writes at a steady rate
+    time.sleep(0.005)  # sleep-ok: the child writes at a steady rate
 """.replace("BLOCK", str(BLOCK))
 
 
@@ -146,7 +146,7 @@ class _Healthy:
 
     async def start(self, head: int) -> None:
         self.handle = await self.sbx.commands.connect(
-            self.pid, cursor=head, on_stdout=self._on_stdout
+            self.pid, cursor=head, on_stdout=self._on_stdout, lines=False
         )
         path = f"/sandboxes/{self.sbx.sandbox_id}/processes/{self.pid}/stream"
 
@@ -370,7 +370,7 @@ size, n = int(sys.argv[1]), int(sys.argv[2])
 for i in range(n):
     out.write(b"%08d " % i + bytes([65 + i % 26]) * (size - 10) + b"\\n")
     out.flush()
-    time.sleep(0.005)  # noqa: sleep-ok - the child writes at a steady rate
+    time.sleep(0.005)  # sleep-ok: the child writes at a steady rate
 """
 
 
@@ -404,7 +404,7 @@ async def test_slow_consumer_that_keeps_draining_is_never_kicked(conn: dict[str,
                     piece = await loop.sock_recv(reader, 4096)
                     assert piece, "the daemon closed the slow consumer's stream"
                     body.extend(chunked.feed(piece))
-                    await asyncio.sleep(0.015)  # noqa: sleep-ok - the slow reader's pace
+                    await asyncio.sleep(0.015)  # sleep-ok: the slow reader's pace
 
             samples: list[tuple[float, dict[str, Any]]] = []
 
@@ -413,7 +413,7 @@ async def test_slow_consumer_that_keeps_draining_is_never_kicked(conn: dict[str,
                     rows = await api.call("GET", "/consumers")
                     (row,) = [c for c in rows if c["name"] == "slow"]
                     samples.append((time.monotonic(), row))
-                    await asyncio.sleep(0.05)  # noqa: sleep-ok - sampling period
+                    await asyncio.sleep(0.05)  # sleep-ok: sampling period
 
             watcher = asyncio.create_task(watch())
             try:
@@ -491,7 +491,7 @@ async def test_sdk_reattaches_from_its_cursor_after_a_kick(conn: dict[str, str])
             await unblock.wait()
 
         info = await sbx.commands.start([sys.executable, "-c", FAST, str(BIG_LINES)])
-        handle = await sbx.commands.connect(info.pid, cursor=0, on_stdout=on_stdout)
+        handle = await sbx.commands.connect(info.pid, cursor=0, on_stdout=on_stdout, lines=False)
         try:
 
             async def kicked() -> list[dict[str, Any]]:

@@ -376,9 +376,9 @@ def test_plot_stall_rates_draws_one_bar_per_configuration(tmp_path: Path) -> Non
         errorbar = bars[0].errorbar
         assert errorbar is not None
         segments = errorbar.lines[2][0].get_segments()
-        assert [(s[0][1], s[1][1]) for s in segments] == pytest.approx(
-            list(zip(table["ci_low"], table["ci_high"], strict=True))
-        )
+        # pytest 9's approx compares flat sequences only: one list of lows, one of highs.
+        assert [s[0][1] for s in segments] == pytest.approx(table["ci_low"].tolist())
+        assert [s[1][1] for s in segments] == pytest.approx(table["ci_high"].tolist())
         labels = [t.get_text() for t in ax.texts]
         assert labels == table["stalls"].tolist()
         # Each "k/n" sits over its own bar, above the top of its interval.

@@ -34,7 +34,7 @@ TICKER = (
     "import itertools, time\n"
     "for i in itertools.count():\n"
     "    print(i, flush=True)\n"
-    "    time.sleep(0.01)\n"  # noqa: sleep-ok - the child's pace
+    "    time.sleep(0.01)\n"  # sleep-ok: the child's pace
 )
 INNER = f"{shlex.quote(sys.executable)} -u -c {shlex.quote(TICKER)} & wait"
 GRANDCHILD_CMD = f"sh -c {shlex.quote(INNER)} & wait"
@@ -61,7 +61,7 @@ async def until(predicate: Callable[[], bool], timeout: float = 10.0, what: str 
     while not predicate():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what or predicate}")
-        await asyncio.sleep(0.01)  # noqa: sleep-ok - poll interval
+        await asyncio.sleep(0.01)  # sleep-ok: poll interval
 
 
 def gone(pid: int) -> bool:
@@ -107,9 +107,9 @@ async def test_pause_freezes_grandchild_and_resume_thaws_it(
 
         await sbx.pause()
         assert sbx.info.state == "paused"
-        await asyncio.sleep(0.1)  # noqa: sleep-ok - let output written before the freeze land
+        await asyncio.sleep(0.1)  # sleep-ok: let output written before the freeze land
         frozen_at = len(handle.stdout)
-        await asyncio.sleep(0.4)  # noqa: sleep-ok - observation window: output must not grow
+        await asyncio.sleep(0.4)  # sleep-ok: observation window: output must not grow
         assert len(handle.stdout) == frozen_at, "a paused grandchild kept writing"
         assert process_is_frozen(ticker.pid)
         assert process_is_frozen(handle.pid)
@@ -161,7 +161,9 @@ async def test_idle_timeout_pauses_and_next_request_auto_resumes(
 async def test_paused_sandbox_without_auto_resume_refuses_new_processes(
     conn: dict[str, str], daemon: DaemonServer
 ) -> None:
-    async with await AsyncSandbox.create(timeout=0.3, auto_resume=False, **conn) as sbx:
+    async with await AsyncSandbox.create(
+        timeout=0.3, on_timeout="pause", auto_resume=False, **conn
+    ) as sbx:
         core = daemon.host.sandboxes[sbx.sandbox_id]
         await until(lambda: core.state == "paused", what="idle pause")
         with pytest.raises(SandboxPaused):
@@ -247,7 +249,7 @@ async def test_process_deadline_only_when_asked(conn: dict[str, str]) -> None:
         info = bounded
         while info.state != "exited":
             assert time.monotonic() - started < 10, "the 0.5 s deadline never fired"
-            await asyncio.sleep(0.02)  # noqa: sleep-ok - poll interval
+            await asyncio.sleep(0.02)  # sleep-ok: poll interval
             info = await sbx.commands.get(bounded.pid)
         assert time.monotonic() - started >= 0.45
         assert info.raw["kill_reason"] == "timeout"

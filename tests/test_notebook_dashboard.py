@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shlex
 import sys
 from collections.abc import Iterator
 
@@ -19,7 +20,11 @@ from sandboxkit.notebook.stall_lab import StallLab
 from tests.conftest import wait_until
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]  # noqa: sleep-ok - a process that just waits
+SLEEPER = [
+    sys.executable,
+    "-c",
+    "import time; time.sleep(60)",  # sleep-ok: a process that just waits
+]
 
 
 @pytest.fixture
@@ -207,6 +212,36 @@ def test_wraps_a_given_sandbox_and_leaves_it_open(conn: dict[str, str | None]) -
         assert sbx.commands.get(info.pid).state == "running"
 
 
+def _tree(widget: object) -> list[object]:
+    out = [widget]
+    for child in getattr(widget, "children", ()) or ():
+        out += _tree(child)
+    return out
+
+
+@pytest.mark.timeout(30)
+def test_close_closes_every_child_widget_and_tables_read_well(
+    conn: dict[str, str | None],
+) -> None:
+    with Sandbox.create(**conn) as sbx:
+        dash = SandboxDashboard(sbx)
+        script = (
+            "import time\nfor i in range(3):\n    "
+            "time.sleep(10)\n"  # sleep-ok: the child process's pace
+        )
+        info = dash.on_start(f"{sys.executable} -c {shlex.quote(script)}")
+        assert info is not None
+        dash.flush()
+        table = dash.table.value
+        assert 'class="dataframe sandboxkit-table"' in table and "<style>" in table
+        assert "\\n" not in table and "⏎" in table, "a multi-line command on one line"
+        tree = _tree(dash.widget)
+        assert len(tree) > 10
+        dash.close()
+        left = [w for w in tree if getattr(w, "comm", None) is not None]
+        assert not left, f"close left {len(left)} child widgets open"
+
+
 @pytest.mark.timeout(30)
 def test_flush_renders_only_on_change(dashboard: SandboxDashboard) -> None:
     dashboard.flush()
@@ -238,7 +273,7 @@ async def test_on_the_running_loop_handlers_are_tasks_and_the_table_refreshes_it
             deadline = asyncio.get_running_loop().time() + 10
             while other.pid not in set(dash.processes_frame()["pid"]):
                 assert asyncio.get_running_loop().time() < deadline, "no auto refresh"
-                await asyncio.sleep(0.01)  # noqa: sleep-ok - poll interval
+                await asyncio.sleep(0.01)  # sleep-ok: poll interval
             assert "sleep 31" in dash.table.value
             await sbx.pause()  # behind the dashboard's back: starting fails now
             failing = dash.on_start("true")
@@ -265,6 +300,7 @@ def test_stall_lab_run_fills_result_progress_table_and_plot(
     try:
         assert lab.result is None
         assert lab.progress.value == 0
+        assert lab.plot.layout.display == "none", "no broken-image icon before a run"
         result = lab.on_run()  # no running loop: runs to the end
 
         assert isinstance(result, pd.DataFrame)
@@ -279,6 +315,7 @@ def test_stall_lab_run_fills_result_progress_table_and_plot(
         assert "blocking" in lab.table.value and "cursor" in lab.table.value
         assert "1/1" in lab.table.value and "0/1" in lab.table.value
         assert bytes(lab.plot.value).startswith(PNG_MAGIC)
+        assert lab.plot.layout.display == "" and lab.plot.layout.max_height == "420px"
         assert "2/2 cycles, 1 stalled" in lab.status.value
         assert not lab.run_button.disabled
     finally:
@@ -342,22 +379,23 @@ async def test_stall_lab_on_the_running_loop_counts_cycles_as_they_finish(
 ) -> None:
     """Inside a running loop on_run returns at once with an owned task; the bar moves per
     cycle while the run goes, and the result lands when the task ends."""
-    lab = StallLab(policies=("cursor",), ghost="none", cycles=3, deadline=1.0, **conn)
+    # A cycle takes a few tens of milliseconds here: flush often enough to render each one.
+    lab = StallLab(
+        policies=("cursor",), ghost="none", cycles=6, deadline=1.0, flush_hz=200.0, **conn
+    )
     try:
+        seen: list[int] = []  # every value the bar was given, as the front end would get it
+        lab.progress.observe(lambda change: seen.append(change["new"]), names="value")
         task = lab.on_run()
         assert isinstance(task, asyncio.Task)
         assert lab.on_run() is task  # a second press does not start a second run
         assert lab.running and lab.run_button.disabled
-        seen: set[int] = set()
-        while not task.done():
-            seen.add(lab.progress.value)
-            await asyncio.sleep(0.01)  # noqa: sleep-ok - poll interval
         result = await task
-        assert result is not None and len(result) == 3
+        assert result is not None and len(result) == 6
         assert lab.result is result
-        assert lab.progress.value == 3
+        assert lab.progress.value == 6
         # Intermediate values were rendered while the run went (not only at the end).
-        assert seen & {1, 2}
+        assert set(seen) & {1, 2, 3, 4, 5}, seen
         assert bytes(lab.plot.value).startswith(PNG_MAGIC)
     finally:
         await lab.aclose()
@@ -388,9 +426,17 @@ async def test_stall_lab_close_cancels_a_run_and_kills_its_sandbox(
     deadline = asyncio.get_running_loop().time() + 20
     while lab.state.done < 1:
         assert asyncio.get_running_loop().time() < deadline, "no cycle finished"
-        await asyncio.sleep(0.01)  # noqa: sleep-ok - poll interval
+        await asyncio.sleep(0.01)  # sleep-ok: poll interval
     await lab.aclose()
     assert task.done() and task.cancelled()
     sandboxes = await asyncio.to_thread(Sandbox.list, **conn)
     assert sandboxes and all(s.state == "killed" for s in sandboxes)
     assert lab.result is None and not lab.running
+
+
+def test_stall_lab_close_closes_every_child_widget() -> None:
+    lab = StallLab()
+    tree = _tree(lab.widget)
+    assert len(tree) > 8
+    lab.close()
+    assert not [w for w in tree if getattr(w, "comm", None) is not None]

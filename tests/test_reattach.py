@@ -61,7 +61,7 @@ for i in range(400):
         out.flush()
         err.write(b"err %d \\xc3\\x28\\n" % i)
         err.flush()
-        time.sleep(0.002)  # noqa: sleep-ok - pacing (child script or poll)
+        time.sleep(0.002)  # sleep-ok: pacing (child script or poll)
 out.flush()
 """
 
@@ -122,7 +122,7 @@ async def test_unattended_output_is_replayed_byte_exact_from_any_cursor(
 
             # The SDK's replay decodes the same bytes (invalid sequences replaced).
             seen: list[str] = []
-            handle = await sbx.commands.connect(pid, cursor=0, on_stdout=seen.append)
+            handle = await sbx.commands.connect(pid, cursor=0, on_stdout=seen.append, lines=False)
             result = await asyncio.wait_for(handle.wait(), 10)
             assert result.stdout == expected_out.decode("utf-8", "replace")
             assert "".join(seen) == result.stdout
@@ -251,7 +251,7 @@ COUNTER = """
 import itertools, time
 for i in itertools.count():
     print(i, flush=True)
-    time.sleep(0.002)  # noqa: sleep-ok - pacing (child script or poll)
+    time.sleep(0.002)  # sleep-ok: pacing (child script or poll)
 """
 
 SECOND_CLIENT = """
@@ -265,7 +265,7 @@ deadline = time.monotonic() + 20
 while handle.stdout.count("\\n") < want:
     if time.monotonic() > deadline:
         sys.exit("timed out: " + repr(handle.stdout[-200:]))
-    time.sleep(0.01)  # noqa: sleep-ok - pacing (child script or poll)
+    time.sleep(0.01)  # sleep-ok: pacing (child script or poll)
 lines = handle.stdout.splitlines()[:want]
 handle.disconnect()
 sbx.close()

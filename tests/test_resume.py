@@ -58,12 +58,12 @@ async def _raw_frames(api: ApiClient, sandbox_id: str, pid: int, cursor: int) ->
 HUNDRED_LINES = """
 import sys, time
 for i in range(1, 101):
-    print("line %d" % i, flush=True)
+    print("line %d %s" % (i, "x" * 100), flush=True)
     if i % 10 == 0:
-        time.sleep(0.002)  # noqa: sleep-ok - the writer's pace
+        time.sleep(0.002)  # sleep-ok: the writer's pace
 sys.exit(3)
 """
-EXPECTED = "".join(f"line {i}\n" for i in range(1, 101))
+EXPECTED = "".join(f"line {i} {'x' * 100}\n" for i in range(1, 101))
 
 
 # -- (e) an exited process within its TTL replays the rest and its exit ---------------------
@@ -139,14 +139,13 @@ async def test_unknown_pid_is_result_unavailable_at_once(conn: dict[str, str]) -
         elsewhere = await other.commands.run("echo elsewhere")
         for pid in (987_654_321, elsewhere.pid):
             started = time.monotonic()
-            handle = await sbx.commands.connect(pid, cursor=0)
+            # connect() itself raises, before any handle (or stream) exists.
             with pytest.raises(ResultUnavailable) as failure:
-                await asyncio.wait_for(handle.wait(), 5)
+                await asyncio.wait_for(sbx.commands.connect(pid, cursor=0), 5)
             assert time.monotonic() - started < DEFINITIVE
             assert failure.value.details["reason"] == "unknown"
             assert failure.value.details["pid"] == pid
             assert failure.value.details["sandbox_id"] == sbx.sandbox_id
-            assert handle.stream.stats.attaches == 0
 
             started = time.monotonic()
             outcome = await asyncio.wait_for(sbx.commands.try_connect(pid), 5)
@@ -179,9 +178,8 @@ async def test_evicted_pid_is_result_unavailable_at_once(conn: dict[str, str]) -
         assert any(e["kind"] == "process.evicted" and e["pid"] == pid for e in events)
 
         started = time.monotonic()
-        handle = await sbx.commands.connect(pid, cursor=0)
         with pytest.raises(ResultUnavailable) as failure:
-            await asyncio.wait_for(handle.wait(), 5)
+            await asyncio.wait_for(sbx.commands.connect(pid, cursor=0), 5)
         assert time.monotonic() - started < DEFINITIVE
         assert failure.value.details["reason"] == "evicted"
         assert failure.value.details["pid"] == pid
@@ -267,7 +265,7 @@ async def _race_one_exit(host: Host, sandbox: Any, i: int) -> None:
     while process.running:
         attach("while-running")
         assert time.monotonic() < deadline, "the process did not exit"
-        await asyncio.sleep(0.002)  # noqa: sleep-ok - pace of the attaches
+        await asyncio.sleep(0.002)  # sleep-ok: pace of the attaches
     # finish() scheduled the next-turn attach before the exit was signalled to wait().
     await asyncio.wait_for(process.wait(), 10)
     await asyncio.wait_for(asyncio.gather(*served), 10)

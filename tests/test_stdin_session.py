@@ -38,7 +38,7 @@ async def _poll(predicate: Any, what: str, timeout: float = HANG) -> None:
     while not predicate():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)  # noqa: sleep-ok - poll interval
+        await asyncio.sleep(0.01)  # sleep-ok: poll interval
 
 
 # -- (a) a scripted in-memory transport --------------------------------------------------

@@ -22,7 +22,7 @@ import pytest
 from conftest import fast_config, wait_until
 from support import poll as _poll
 
-from sandboxkit import AsyncSandbox, Sandbox
+from sandboxkit import AsyncSandbox, Sandbox, SandboxClosed
 from sandboxkit.client.results import SandboxInfo
 from sandboxkit.client.tasks import TaskOwner
 from sandboxkit.daemon.server import DaemonServer
@@ -171,7 +171,7 @@ async def test_closed_client_leaves_no_task_and_no_attached_consumer(
         # Nothing this client started is still scheduled.
         assert asyncio.all_tasks() - before - {asyncio.current_task()} == set()
         # A stale client cannot start new streams (no reconnect task outlives close).
-        with pytest.raises(RuntimeError, match="closed"):
+        with pytest.raises(SandboxClosed, match="closed"):
             await sbx.commands.connect(handles[0].pid)
         assert not _stream_tasks()
 
@@ -205,11 +205,11 @@ async def test_owned_tasks_are_strongly_referenced_and_awaited_on_close() -> Non
         try:
             await asyncio.get_running_loop().create_future()  # referenced by nothing else
         finally:
-            await asyncio.sleep(0)  # cleanup that needs a loop turn  # noqa: sleep-ok
+            await asyncio.sleep(0)  # cleanup that needs a loop turn  # sleep-ok: deliberate pace
             cleaned.set()
 
     ref = weakref.ref(owner.spawn(orphan(), name="sandboxkit-test-orphan"))
-    await asyncio.sleep(0)  # let it start and park on its future  # noqa: sleep-ok
+    await asyncio.sleep(0)  # let it start and park on its future  # sleep-ok: deliberate pace
     gc.collect()
     task = ref()
     assert task is not None, "the owned task was garbage-collected"
@@ -219,7 +219,7 @@ async def test_owned_tasks_are_strongly_referenced_and_awaited_on_close() -> Non
     assert task.cancelled()
     assert cleaned.is_set()
     assert len(owner) == 0
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(SandboxClosed, match="closed"):
         owner.spawn(orphan())
 
 
@@ -229,7 +229,7 @@ STUBBORN = """
 import signal, sys, time
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 print("ready", flush=True)
-time.sleep(300)  # noqa: sleep-ok - the process idles until killed
+time.sleep(300)  # sleep-ok: the process idles until killed
 """
 
 CHATTY = """
@@ -238,7 +238,7 @@ chunk = b"x" * 65536
 for _ in range(160):
     sys.stdout.buffer.write(chunk)
 sys.stdout.flush()
-time.sleep(300)  # noqa: sleep-ok - the process idles until killed
+time.sleep(300)  # sleep-ok: the process idles until killed
 """
 
 
@@ -330,7 +330,7 @@ async def test_stopped_daemon_leaves_no_process_and_stops_in_bounded_time() -> N
         deadline = time.monotonic() + 5
         while left := [pid for pid in pids if _alive(pid)]:
             assert time.monotonic() < deadline, f"processes survived the daemon: {left}"
-            await asyncio.sleep(0.02)  # noqa: sleep-ok - poll interval
+            await asyncio.sleep(0.02)  # sleep-ok: poll interval
         assert not _marked(marker)
     finally:
         if ghost is not None:

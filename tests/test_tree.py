@@ -35,7 +35,7 @@ COUNTER = (
     "    i += 1\n"
     "    open(p + '.new', 'w').write(str(i))\n"
     "    os.replace(p + '.new', p)\n"
-    "    time.sleep(0.01)  # noqa: sleep-ok - the child counts at a steady rate\n"
+    "    time.sleep(0.01)  # sleep-ok: the child counts at a steady rate\n"
 )
 
 BACKENDS = [
@@ -55,7 +55,7 @@ async def wait_for(
     while not predicate():
         if time.monotonic() >= deadline:
             pytest.fail(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)  # noqa: sleep-ok - poll interval
+        await asyncio.sleep(0.01)  # sleep-ok: poll interval
 
 
 def read_int(path: Path) -> int | None:
@@ -91,7 +91,7 @@ async def stays_constant(path: Path) -> None:
     """Assert the counter in ``path`` does not change over ~0.3 s."""
     before = read_int(path)
     # Deliberate observation window, not synchronisation.
-    await asyncio.sleep(0.3)  # noqa: sleep-ok
+    await asyncio.sleep(0.3)  # sleep-ok: deliberate pace
     assert read_int(path) == before
 
 
@@ -230,7 +230,7 @@ async def test_freeze_catches_processes_forked_while_freezing(backend: str, tmp_
         assert frozen_pids
         assert all(process_is_frozen(p) for p in frozen_pids)
         # Deliberate observation window: nothing may be forked meanwhile.
-        await asyncio.sleep(0.3)  # noqa: sleep-ok
+        await asyncio.sleep(0.3)  # sleep-ok: deliberate pace
         assert sb.tree.pids() == frozen_pids
 
         await sb.tree.thaw()

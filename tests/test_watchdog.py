@@ -173,7 +173,7 @@ import sys, time
 for i in range(int(sys.argv[1])):
     sys.stdout.write("line %05d\\n" % i)
     sys.stdout.flush()
-    time.sleep(0.005)  # noqa: sleep-ok - the child writes at a steady rate
+    time.sleep(0.005)  # sleep-ok: the child writes at a steady rate
 """
 
 
@@ -220,7 +220,7 @@ def _served(tmp_path: Path) -> Iterator[tuple[DaemonState, subprocess.Popen[byte
                 raise AssertionError(f"serve exited: {log.read_text()}")
             if time.monotonic() > deadline:
                 raise AssertionError("serve did not write its state file")
-            time.sleep(0.02)  # noqa: sleep-ok - poll interval
+            time.sleep(0.02)  # sleep-ok: poll interval
         yield state, proc
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -248,7 +248,9 @@ async def test_watchdog_declares_a_frozen_daemon_dead_and_reattaches_byte_exact(
             info = await sbx.commands.start([sys.executable, "-c", TICKER, str(LINES)])
             follower = await AsyncSandbox.connect(sbx.sandbox_id, url=state.url, token=state.token)
             chunks: list[str] = []
-            handle = await follower.commands.connect(info.pid, cursor=0, on_stdout=chunks.append)
+            handle = await follower.commands.connect(
+                info.pid, cursor=0, on_stdout=chunks.append, lines=False
+            )
             stats = handle.stream.stats
             try:
                 await _poll(lambda: _true(len("".join(chunks)) > 50 * 11), 10, "some lines")
@@ -317,6 +319,7 @@ async def test_idle_stream_is_not_killed_by_a_read_timeout(conn: dict[str, str])
             [sys.executable, "-c", SLEEPER, str(3 * BOUND)],
             background=True,
             on_stdout=lines.append,
+            lines=False,
         )
         result = await asyncio.wait_for(handle.wait(), 15)
         elapsed = time.monotonic() - started

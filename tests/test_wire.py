@@ -216,3 +216,57 @@ def test_error_frame_with_unknown_code_is_a_base_error() -> None:
     error = frame.error()
     assert type(error) is SandboxkitError
     assert error.message == "m"
+
+
+# -- any input: only MalformedFrame, and broken for good afterwards --------------------------
+
+
+def _nested(depth: int) -> bytes:
+    return b'{"a":' + b"[" * depth + b"]" * depth + b"}"
+
+
+@pytest.mark.parametrize("depth", [1_000, 30_000])
+def test_deeply_nested_metadata_is_malformed_not_a_recursion_error(depth: int) -> None:
+    meta = _nested(depth)
+    assert len(meta) <= MAX_META
+    decoder = FrameDecoder()
+    with pytest.raises(MalformedFrame):
+        decoder.feed(_raw(FrameKind.DATA, meta))
+    with pytest.raises(MalformedFrame):
+        decoder.feed(_VALID)
+
+
+def test_non_finite_numbers_in_metadata_are_malformed() -> None:
+    # Python's json takes NaN and Infinity; they are not JSON and no frame carries them.
+    for meta in (b'{"ts": NaN}', b'{"ts": Infinity}', b'{"ts": -Infinity}'):
+        with pytest.raises(MalformedFrame):
+            FrameDecoder().feed(_raw(FrameKind.DATA, meta))
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    chunks=st.lists(
+        st.binary(max_size=64)
+        | st.builds(
+            lambda kind, meta, tail: _HEADER.pack(kind, len(meta), len(tail)) + meta + tail,
+            st.integers(0, 7) | st.integers(0, 255),
+            st.binary(max_size=40)
+            | st.sampled_from([b"{}", b"[]", b"null", _nested(5_000), b'{"a": NaN}']),
+            st.binary(max_size=20),
+        ),
+        max_size=8,
+    )
+)
+def test_arbitrary_bytes_raise_only_malformed_frame(chunks: list[bytes]) -> None:
+    decoder = FrameDecoder()
+    failed = False
+    for chunk in chunks:
+        try:
+            frames = decoder.feed(chunk)
+        except MalformedFrame:
+            failed = True
+            break
+        assert all(isinstance(f.meta, dict) and type(f.kind) is FrameKind for f in frames)
+    if failed:
+        with pytest.raises(MalformedFrame):
+            decoder.feed(_VALID)

@@ -2,6 +2,7 @@
 
 from sandboxkit.client.api import ApiClient
 from sandboxkit.client.commands import AsyncCommandHandle, AsyncCommands
+from sandboxkit.client.output import Cursor
 from sandboxkit.client.results import (
     CommandResult,
     Failed,
@@ -24,6 +25,7 @@ __all__ = [
     "CommandHandle",
     "CommandResult",
     "Commands",
+    "Cursor",
     "Failed",
     "GapInfo",
     "HttpStdinTransport",

@@ -2,25 +2,103 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import ssl
+import weakref
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
-from sandboxkit.errors import DaemonUnavailable, MalformedFrame, SandboxkitError, error_from_wire
+from sandboxkit.client.raw_stream import RawStream, open_raw_stream
+from sandboxkit.errors import (
+    DaemonUnavailable,
+    MalformedFrame,
+    SandboxClosed,
+    SandboxkitError,
+    error_from_wire,
+)
 from sandboxkit.wire import Frame, FrameDecoder
 
-__all__ = ["ApiClient"]
+__all__ = ["ApiClient", "FrameStream", "http_options"]
 
 _TIMEOUT = httpx.Timeout(30.0, connect=10.0)
+_STREAM_TIMEOUT = httpx.Timeout(10.0, read=None)
+# Streams are long-lived connections: no cap on how many one process holds to its daemon.
+_LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=32)
+_LOOPBACK = ("127.", "localhost", "[::1]")
+_LOOPBACK_HTTP = tuple(f"http://{host}" for host in _LOOPBACK)
+
+_plain_http_context: ssl.SSLContext | None = None
+
+
+def http_options(url: str) -> dict[str, Any]:
+    """httpx client options for talking to ``url``. For plain HTTP the TLS settings are
+    never used, but httpx builds an SSL context for every client, and its default one
+    loads the CA bundle (~20 ms): hand it one unverifying context made once instead. On
+    loopback, proxy settings from the environment do not apply."""
+    global _plain_http_context
+    scheme, _, rest = url.partition("://")
+    if scheme != "http":
+        return {}  # https: httpx's defaults, certificates verified
+    if _plain_http_context is None:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        _plain_http_context = context
+    return {"verify": _plain_http_context, "trust_env": not rest.startswith(_LOOPBACK)}
+
+
+@dataclass
+class _Shared:
+    http: httpx.AsyncClient
+    users: int = 0
+
+
+# One httpx client (one connection pool) per event loop and daemon, shared by every
+# ApiClient of the process on that loop; closed when the last of them closes.
+_shared: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str], _Shared]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _acquire(url: str, token: str | None) -> _Shared:
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # built outside a loop: a pool of its own
+        return _Shared(_new_http(url, token), 1)
+    pools = _shared.setdefault(loop, {})
+    key = (url, token or "")
+    entry = pools.get(key)
+    if entry is None or entry.http.is_closed:
+        entry = pools[key] = _Shared(_new_http(url, token))
+    entry.users += 1
+    return entry
+
+
+def _new_http(
+    url: str, token: str | None, transport: httpx.AsyncBaseTransport | None = None
+) -> httpx.AsyncClient:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.AsyncClient(
+        base_url=url,
+        headers=headers,
+        timeout=_TIMEOUT,
+        limits=_LIMITS,
+        transport=transport,
+        **http_options(url),
+    )
 
 
 class ApiClient:
-    """One connection pool to one daemon.
+    """A client of one daemon: JSON calls and framed streams.
 
-    ``transport`` is any httpx transport: the default talks TCP; tests may pass
-    ``httpx.MockTransport`` to script responses.
+    Every ApiClient of a process talking to the same daemon on the same event loop shares
+    one connection pool (so a new sandbox costs no new client and no new connection); it
+    closes with the last of them. ``transport`` is any httpx transport, with a pool of its
+    own: tests may pass ``httpx.MockTransport`` to script responses.
     """
 
     def __init__(
@@ -33,60 +111,120 @@ class ApiClient:
     ) -> None:
         self.url = url.rstrip("/")
         self.token = token
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.AsyncClient(
-            base_url=self.url, headers=headers, timeout=timeout, transport=transport
-        )
+        self._timeout = timeout
+        self._closed = False
+        self._streams: set[httpx.Response] = set()
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        # Streams below httpx (see raw_stream) where httpx would talk plain TCP to
+        # loopback anyway (no TLS, no proxy).
+        self._raw = transport is None and self.url.startswith(_LOOPBACK_HTTP)
+        self._raw_streams: set[RawStream] = set()
+        if transport is None:
+            self._shared = _acquire(self.url, token)
+        else:
+            self._shared = _Shared(_new_http(self.url, token, transport), 1)
+        self._http = self._shared.http
 
     @property
     def closed(self) -> bool:
         """True once :meth:`aclose` ran."""
-        return self._http.is_closed
+        return self._closed or self._http.is_closed
 
     async def aclose(self) -> None:
-        """Close the connection pool (and with it any stream left open)."""
-        await self._http.aclose()
+        """Close this client: any stream it left open, and the connection pool if no
+        other client shares it. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for response in list(self._streams):
+            await response.aclose()
+        for raw in list(self._raw_streams):
+            raw.close()
+        self._shared.users -= 1
+        if self._shared.users <= 0:
+            await self._http.aclose()
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise SandboxClosed(f"this client's connection to {self.url} was closed")
 
     async def call(self, method: str, path: str, json: Any = None, **params: Any) -> Any:
         """One JSON request; raises the typed error the daemon answered with."""
         query = {k: v for k, v in params.items() if v is not None}
+        self._check_open()
         try:
-            response = await self._http.request(method, path, json=json, params=query)
+            response = await self._http.request(
+                method, path, json=json, params=query, timeout=self._timeout
+            )
         except httpx.TransportError as exc:
             raise DaemonUnavailable(f"cannot reach the daemon: {exc!r}", url=self.url) from exc
         return _json_or_raise(response)
 
     @contextlib.asynccontextmanager
-    async def stream(self, path: str, **params: Any) -> AsyncIterator[AsyncIterator[Frame]]:
-        """Open a framed stream; yields an iterator of frames. The response is always
-        closed on exit, so no half-open stream is left behind (F4)."""
+    async def stream(self, path: str, **params: Any) -> AsyncIterator[FrameStream]:
+        """Open a framed stream; yields a :class:`FrameStream`, an async iterator of
+        frames. The response is always closed on exit, so no half-open stream is left
+        behind (F4)."""
         query = {k: v for k, v in params.items() if v is not None}
-        request = self._http.build_request(
-            "GET", path, params=query, timeout=httpx.Timeout(10.0, read=None)
-        )
+        self._check_open()
+        if self._raw:
+            async with open_raw_stream(self.url, path, query, self._headers) as raw:
+                self._raw_streams.add(raw)
+                try:
+                    yield FrameStream(raw.chunks())
+                finally:
+                    self._raw_streams.discard(raw)
+            return
+        request = self._http.build_request("GET", path, params=query, timeout=_STREAM_TIMEOUT)
         try:
             response = await self._http.send(request, stream=True)
         except httpx.TransportError as exc:
             raise DaemonUnavailable(f"cannot reach the daemon: {exc!r}", url=self.url) from exc
+        self._streams.add(response)
         try:
             if response.status_code != 200:
                 await response.aread()
                 _json_or_raise(response)
-            yield _frames(response)
+            yield FrameStream(_body(response))
         finally:
+            self._streams.discard(response)
             await response.aclose()
 
 
-async def _frames(response: httpx.Response) -> AsyncIterator[Frame]:
-    decoder = FrameDecoder()
+class FrameStream(AsyncIterator[Frame]):
+    """The frames of one open stream: ``async for frame in stream`` — or
+    :meth:`batches`, the frames each network read completed, one list per read (one
+    iteration step per read instead of per frame, for readers at full rate)."""
+
+    def __init__(self, body: AsyncIterator[bytes]) -> None:
+        self._body = body
+        self._frames = self._each()
+
+    async def batches(self) -> AsyncIterator[list[Frame]]:
+        """Lists of frames, one per network read that completed any."""
+        decoder = FrameDecoder()
+        async for data in self._body:
+            frames = decoder.feed(data)
+            if frames:
+                yield frames
+        if decoder.pending:
+            raise MalformedFrame(f"stream ended inside a frame ({decoder.pending} bytes)")
+
+    async def _each(self) -> AsyncIterator[Frame]:
+        async for batch in self.batches():
+            for frame in batch:
+                yield frame
+
+    async def __anext__(self) -> Frame:
+        return await self._frames.__anext__()
+
+
+async def _body(response: httpx.Response) -> AsyncIterator[bytes]:
     try:
         async for data in response.aiter_raw():
-            for frame in decoder.feed(data):
-                yield frame
+            yield data
     except httpx.TransportError as exc:
         raise DaemonUnavailable(f"stream broke: {exc!r}", url=str(response.url)) from exc
-    if decoder.pending:
-        raise MalformedFrame(f"stream ended inside a frame ({decoder.pending} bytes)")
 
 
 def _json_or_raise(response: httpx.Response) -> Any:

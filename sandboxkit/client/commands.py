@@ -3,14 +3,57 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 from typing import Any
 
 from sandboxkit.client.api import ApiClient
+from sandboxkit.client.output import DEFAULT_KEEP_OUTPUT, Cursor, KeepOutput
 from sandboxkit.client.results import CommandResult, Failed, Ok, ProcessInfo, attempt
 from sandboxkit.client.stdin import HttpStdinTransport, StdinSession
-from sandboxkit.client.stream import OnGap, OutputCallback, ProcessStream
+from sandboxkit.client.stream import BytesCallback, OnGap, OutputCallback, ProcessStream
 from sandboxkit.client.tasks import TaskOwner
-from sandboxkit.errors import CommandExitError, ProcessNotFound
+from sandboxkit.errors import (
+    CommandExitError,
+    OutputIncomplete,
+    ProcessNotFound,
+    ResultUnavailable,
+)
+
+_STDERR_LINES = 5
+"""How many of the last stderr lines a CommandExitError's message quotes."""
+
+
+def exit_error(result: CommandResult) -> CommandExitError:
+    """The error for a command that did not exit 0: its exit code (or the signal that
+    killed it) and the last lines of its stderr, so the reason is in the message."""
+    code = result.exit_code
+    if code is None:
+        what = "ended without an exit code"
+    elif code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        what = f"was killed by {name} (exit code {code})"
+    else:
+        what = f"failed with exit code {code}"
+    tail = [line[:300] for line in result.stderr.rstrip("\n").splitlines()[-_STDERR_LINES:]]
+    message = f"process {result.pid} {what}"
+    if result.bytes_lost:
+        message += f" ({result.bytes_lost} bytes of its output were lost)"
+    if tail:
+        message += "; the end of its stderr:\n    " + "\n    ".join(tail)
+    else:
+        message += "; it wrote nothing to stderr"
+    return CommandExitError(message, pid=result.pid, exit_code=code, result=result)
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    # A handle nobody waits on must not print "Task exception was never retrieved";
+    # wait() still raises the error, from the task.
+    if not task.cancelled():
+        task.exception()
+
 
 __all__ = ["AsyncCommandHandle", "AsyncCommands"]
 
@@ -23,21 +66,35 @@ class AsyncCommandHandle:
         self.stream = stream
         self.pid = stream.pid
         self._task = commands._owner.spawn(stream.run(), name=f"sandboxkit-stream-{self.pid}")
+        self._task.add_done_callback(_retrieve)
 
     @property
-    def cursor(self) -> int | None:
-        """Sequence number of the next chunk this handle will receive."""
+    def cursor(self) -> Cursor | None:
+        """Sequence number of the next chunk this handle will receive (a
+        :class:`~sandboxkit.client.output.Cursor`: an ``int`` that also carries a
+        character split there, for ``commands.connect(pid, cursor=...)``)."""
         return self.stream.cursor
 
     @property
     def stdout(self) -> str:
-        """Stdout received so far."""
+        """Stdout received so far (the newest ``keep_output`` bytes), decoded; a marker
+        where output was lost to a gap."""
         return self.stream.stdout
 
     @property
     def stderr(self) -> str:
-        """Stderr received so far."""
+        """Stderr received so far (the newest ``keep_output`` bytes), decoded."""
         return self.stream.stderr
+
+    @property
+    def stdout_bytes(self) -> bytes:
+        """Stdout bytes received so far (the newest ``keep_output``), exactly as written."""
+        return self.stream.stdout_bytes
+
+    @property
+    def stderr_bytes(self) -> bytes:
+        """Stderr bytes received so far (the newest ``keep_output``), exactly as written."""
+        return self.stream.stderr_bytes
 
     @property
     def exit_code(self) -> int | None:
@@ -51,30 +108,45 @@ class AsyncCommandHandle:
 
     def result(self) -> CommandResult:
         """What was received so far, as a :class:`CommandResult`."""
-        return CommandResult(self.stdout, self.stderr, self.exit_code, self.pid)
+        lost = self.stream.stats.bytes_lost + self.stream.bytes_dropped
+        return CommandResult(self.stdout, self.stderr, self.exit_code, self.pid, bytes_lost=lost)
 
     async def wait(self) -> CommandResult:
-        """Wait for the process to exit; raises CommandExitError on a non-zero exit."""
-        await asyncio.shield(self._task)
+        """Wait for the process to exit and return its result. Raises CommandExitError
+        when the exit code is not 0 — also for a killed process (a negative code, the
+        signal) — with the result in ``error.result``; SandboxClosed if the sandbox
+        client was closed; ResultUnavailable if this handle was disconnected."""
+        try:
+            await asyncio.shield(self._task)
+        except asyncio.CancelledError:
+            if not self._task.cancelled():
+                raise  # it is this wait that was cancelled
+            self._commands._owner.check()
+            raise ResultUnavailable(
+                f"this handle of process {self.pid} was disconnected at cursor={self.cursor}; "
+                f"follow it again with commands.connect({self.pid}, cursor={self.cursor})",
+                pid=self.pid,
+                reason="disconnected",
+            ) from None
         result = self.result()
         if result.exit_code != 0:
-            raise CommandExitError(
-                f"command exited with code {result.exit_code}",
-                pid=self.pid,
-                exit_code=result.exit_code,
-                result=result,
-            )
+            raise exit_error(result)
         return result
 
     async def kill(self) -> bool:
-        """Kill the process (SIGTERM, then SIGKILL); False if it was not running."""
+        """Kill the process (SIGTERM, then SIGKILL); False if it was not running. A
+        following :meth:`wait` raises CommandExitError with the signal's negative code."""
         return await self._commands.kill(self.pid)
 
-    async def disconnect(self) -> None:
-        """Stop following output; the process keeps running. Reconnect with
-        ``commands.connect(pid, cursor=handle.cursor)``."""
+    async def disconnect(self) -> Cursor | None:
+        """Stop following output; the process keeps running. Returns the cursor to resume
+        from, exactly after the last output delivered here — with the bytes of a character
+        split there, so text continues exactly:
+        ``commands.connect(pid, cursor=await handle.disconnect())``."""
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
+        await self.stream.flush_lines()
+        return self.cursor
 
     async def send_stdin(self, data: str | bytes) -> None:
         """Write to the process's stdin."""
@@ -91,6 +163,10 @@ class AsyncCommands:
         self._api = api
         self._sandbox_id = sandbox_id
         self._owner = owner
+
+    async def _call(self, method: str, path: str, json: Any = None) -> Any:
+        self._owner.check()
+        return await self._api.call(method, path, json=json)
 
     def _path(self, pid: int | None = None) -> str:
         base = f"/sandboxes/{self._sandbox_id}/processes"
@@ -116,7 +192,7 @@ class AsyncCommands:
             "tag": tag,
         }
         body["argv" if isinstance(cmd, list) else "cmd"] = cmd
-        return ProcessInfo.from_json(await self._api.call("POST", self._path(), json=body))
+        return ProcessInfo.from_json(await self._call("POST", self._path(), json=body))
 
     async def run(
         self,
@@ -130,19 +206,62 @@ class AsyncCommands:
         *,
         pty: bool = False,
         on_gap: OnGap = None,
+        lines: bool = True,
+        on_stdout_bytes: BytesCallback | None = None,
+        on_stderr_bytes: BytesCallback | None = None,
+        keep_output: KeepOutput | None = None,
     ) -> Any:
         """Run a command. Foreground (default): wait and return a :class:`CommandResult`,
         raising CommandExitError on a non-zero exit. ``background=True``: return an
-        :class:`AsyncCommandHandle` at once."""
+        :class:`AsyncCommandHandle` at once.
+
+        The command runs in the sandbox's own working directory unless ``cwd`` says
+        otherwise. ``on_stdout``/``on_stderr`` get whole lines without their newline
+        (``on_stdout=print`` prints what the process printed); ``lines=False`` gives them
+        raw chunks as they arrive instead. ``on_stdout_bytes``/``on_stderr_bytes`` get
+        each chunk's bytes exactly as written (binary output).
+
+        ``keep_output``: what the result (or handle) keeps — ``True`` all of it, ``False``
+        nothing, a number the newest that many bytes of each stream; default: all in the
+        foreground, 8 MiB in the background. Output lost to a gap is announced (an
+        :class:`~sandboxkit.errors.OutputGapWarning` and a marker in ``stdout``) unless
+        ``on_gap`` handles it. A foreground result is complete or the call raises
+        :class:`~sandboxkit.errors.OutputIncomplete` saying how many bytes were lost."""
+        if keep_output is None:
+            keep_output = DEFAULT_KEEP_OUTPUT if background else True
         info = await self.start(cmd, envs=envs, cwd=cwd, timeout=timeout, pty=pty)
-        handle = self._follow(info.pid, 0, on_stdout, on_stderr, on_gap)
+        handle = self._follow(
+            info.pid,
+            0,
+            on_stdout,
+            on_stderr,
+            on_gap,
+            lines,
+            on_stdout_bytes=on_stdout_bytes,
+            on_stderr_bytes=on_stderr_bytes,
+            keep_output=keep_output,
+        )
         if background:
             return handle
         try:
-            return await handle.wait()
+            result = await handle.wait()
         except asyncio.CancelledError:
             await handle.disconnect()
             raise
+        stream = handle.stream
+        lost = stream.bytes_dropped + (stream.stats.bytes_lost if on_gap is None else 0)
+        if lost:
+            raise OutputIncomplete(
+                f"process {result.pid} exited 0 but {lost} bytes of its output are missing "
+                f"from the result ({stream.stats.bytes_lost} evicted by the daemon before "
+                f"they were read, {stream.bytes_dropped} beyond keep_output); "
+                "error.result has the rest",
+                pid=result.pid,
+                exit_code=result.exit_code,
+                bytes_lost=lost,
+                result=result,
+            )
+        return result
 
     async def connect(
         self,
@@ -152,10 +271,30 @@ class AsyncCommands:
         on_stderr: OutputCallback | None = None,
         *,
         on_gap: OnGap = None,
+        lines: bool = True,
+        role: str | None = None,
+        on_stdout_bytes: BytesCallback | None = None,
+        on_stderr_bytes: BytesCallback | None = None,
+        keep_output: KeepOutput = DEFAULT_KEEP_OUTPUT,
     ) -> AsyncCommandHandle:
         """Follow a running or recently exited process from ``cursor`` (default: the oldest
-        retained output)."""
-        return self._follow(pid, cursor, on_stdout, on_stderr, on_gap)
+        retained output). An unknown or evicted pid raises ResultUnavailable here, before
+        a handle exists. Callbacks, gaps and ``keep_output`` (default: the newest 8 MiB)
+        as in :meth:`run`; ``role`` labels this reader in the consumer metrics (default
+        ``sdk``)."""
+        await self._call("GET", self._path(pid))
+        return self._follow(
+            pid,
+            cursor,
+            on_stdout,
+            on_stderr,
+            on_gap,
+            lines,
+            role,
+            on_stdout_bytes=on_stdout_bytes,
+            on_stderr_bytes=on_stderr_bytes,
+            keep_output=keep_output,
+        )
 
     def _follow(
         self,
@@ -164,7 +303,14 @@ class AsyncCommands:
         on_stdout: OutputCallback | None,
         on_stderr: OutputCallback | None,
         on_gap: OnGap,
+        lines: bool,
+        role: str | None = None,
+        *,
+        on_stdout_bytes: BytesCallback | None,
+        on_stderr_bytes: BytesCallback | None,
+        keep_output: KeepOutput,
     ) -> AsyncCommandHandle:
+        self._owner.check()
         stream = ProcessStream(
             self._api,
             self._sandbox_id,
@@ -173,6 +319,11 @@ class AsyncCommands:
             on_stdout=on_stdout,
             on_stderr=on_stderr,
             on_gap=on_gap,
+            lines=lines,
+            role=role,
+            on_stdout_bytes=on_stdout_bytes,
+            on_stderr_bytes=on_stderr_bytes,
+            keep_output=keep_output,
         )
         return AsyncCommandHandle(self, stream)
 
@@ -196,26 +347,27 @@ class AsyncCommands:
 
     async def list(self) -> list[ProcessInfo]:
         """Every process the daemon still knows (running, or exited within the TTL)."""
-        return [ProcessInfo.from_json(p) for p in await self._api.call("GET", self._path())]
+        return [ProcessInfo.from_json(p) for p in await self._call("GET", self._path())]
 
     async def get(self, pid: int) -> ProcessInfo:
         """One process."""
-        return ProcessInfo.from_json(await self._api.call("GET", self._path(pid)))
+        return ProcessInfo.from_json(await self._call("GET", self._path(pid)))
 
     async def kill(self, pid: int) -> bool:
         """Kill a process; False if it had already exited or is unknown."""
         try:
-            answer = await self._api.call("POST", self._path(pid) + "/kill")
+            answer = await self._call("POST", self._path(pid) + "/kill")
         except ProcessNotFound:
             return False
         return bool(answer.get("killed"))
 
     async def restart(self, pid: int) -> ProcessInfo:
         """Kill ``pid`` and start the same command again; returns the new process."""
-        return ProcessInfo.from_json(await self._api.call("POST", self._path(pid) + "/restart"))
+        return ProcessInfo.from_json(await self._call("POST", self._path(pid) + "/restart"))
 
     def stdin_session(self, pid: int, **options: Any) -> StdinSession:
         """An exactly-once stdin session for ``pid`` (see :class:`StdinSession`)."""
+        self._owner.check()
         return StdinSession(HttpStdinTransport(self._api, self._sandbox_id, pid), **options)
 
     async def send_stdin(self, pid: int, data: str | bytes) -> None:
@@ -226,4 +378,4 @@ class AsyncCommands:
 
     async def close_stdin(self, pid: int) -> None:
         """Close the process's stdin (it reads EOF)."""
-        await self._api.call("POST", self._path(pid) + "/stdin/close")
+        await self._call("POST", self._path(pid) + "/stdin/close")

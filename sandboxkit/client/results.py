@@ -30,6 +30,9 @@ class CommandResult:
     exit_code: int | None
     pid: int | None = None
     error: str | None = None
+    bytes_lost: int = 0
+    """Output bytes missing from ``stdout``/``stderr`` (lost to gaps or beyond
+    ``keep_output``)."""
 
 
 @dataclass(frozen=True)

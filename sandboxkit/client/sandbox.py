@@ -12,17 +12,24 @@ import pandas as pd
 
 from sandboxkit.client.api import ApiClient
 from sandboxkit.client.commands import AsyncCommands
-from sandboxkit.client.local import Connection, resolve
+from sandboxkit.client.files import AsyncFiles
+from sandboxkit.client.local import Connection, resolve, resolved
 from sandboxkit.client.results import SandboxInfo
 from sandboxkit.client.tasks import TaskOwner
 from sandboxkit.errors import SandboxNotFound
 
-__all__ = ["AsyncSandbox", "consumers_frame", "events_frame"]
+__all__ = ["DEFAULT_TIMEOUT", "AsyncSandbox", "consumers_frame", "events_frame"]
+
+_KILL_DRAIN = 2.0
+
+DEFAULT_TIMEOUT = 300.0
+"""Seconds a sandbox lives unused (no request, no attached stream) — E2B's default."""
 
 _EVENT_COLUMNS = ["seq", "time", "kind", "sandbox_id", "pid", "reason", "data"]
 _CONSUMER_COLUMNS = [
     "consumer_id",
     "name",
+    "role",
     "sandbox_id",
     "pid",
     "state",
@@ -42,7 +49,11 @@ _CONSUMER_COLUMNS = [
 
 
 async def _connection(url: str | None, token: str | None) -> Connection:
-    # Finding (or starting) the local daemon blocks: keep it off the event loop.
+    # Finding (or starting) the local daemon blocks: keep it off the event loop — unless
+    # it is the daemon found before, still there (checked in microseconds).
+    known = resolved(url, token)
+    if known is not None:
+        return known
     return await asyncio.to_thread(resolve, url, token)
 
 
@@ -55,18 +66,19 @@ class AsyncSandbox:
 
     def __init__(self, api: ApiClient, info: SandboxInfo) -> None:
         self._api = api
-        self._owner = TaskOwner()
+        self._owner = TaskOwner(info.sandbox_id)
         self.sandbox_id = info.sandbox_id
         self.info = info
         self.commands = AsyncCommands(api, info.sandbox_id, self._owner)
+        self.files = AsyncFiles(api, info.sandbox_id)
 
     # -- construction ----------------------------------------------------------------
 
     @classmethod
     async def create(
         cls,
-        timeout: float | None = None,
-        on_timeout: Literal["pause", "kill"] = "pause",
+        timeout: float | None = DEFAULT_TIMEOUT,
+        on_timeout: Literal["pause", "kill"] = "kill",
         auto_resume: bool = False,
         *,
         envs: dict[str, str] | None = None,
@@ -79,9 +91,11 @@ class AsyncSandbox:
         token: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> AsyncSandbox:
-        """Create a sandbox. ``timeout`` is an idle timeout in seconds (``None``: never),
-        after which the sandbox is paused or killed as ``on_timeout`` says; with
-        ``auto_resume`` a request to a paused sandbox resumes it.
+        """Create a sandbox. It lives until you kill it (``kill()``, or the end of its
+        ``with`` block) or until ``timeout`` seconds (default 300, as E2B) pass with no
+        request naming it and no stream attached to it; then it is killed, or paused if
+        ``on_timeout="pause"``. ``set_timeout`` changes the timeout; ``None``: never.
+        With ``auto_resume`` a request to a paused sandbox resumes it.
 
         Fault-lab options: ``fanout`` (``cursor``, the default; or ``blocking``/``kick``,
         the shipped designs behind F1/F2), ``kick_grace`` for ``kick``, and
@@ -153,29 +167,52 @@ class AsyncSandbox:
     def _path(self) -> str:
         return f"/sandboxes/{self.sandbox_id}"
 
+    async def _call(self, method: str, path: str, json: Any = None, **params: Any) -> Any:
+        self._owner.check()  # SandboxClosed, saying why, before any request
+        return await self._api.call(method, self._path + path, json=json, **params)
+
     async def get_info(self) -> SandboxInfo:
         """Fresh state from the daemon."""
-        self.info = SandboxInfo.from_json(await self._api.call("GET", self._path))
+        self.info = SandboxInfo.from_json(await self._call("GET", ""))
         return self.info
 
     async def pause(self) -> None:
         """Freeze every process of the sandbox."""
-        self.info = SandboxInfo.from_json(await self._api.call("POST", self._path + "/pause"))
+        self.info = SandboxInfo.from_json(await self._call("POST", "/pause"))
 
     async def resume(self) -> None:
         """Thaw every process of the sandbox."""
-        self.info = SandboxInfo.from_json(await self._api.call("POST", self._path + "/resume"))
+        self.info = SandboxInfo.from_json(await self._call("POST", "/resume"))
+
+    async def set_timeout(self, timeout: float | None) -> None:
+        """Let the sandbox live until ``timeout`` seconds pass with no request and no
+        attached stream (``None``: until killed); the clock restarts now."""
+        self.info = SandboxInfo.from_json(
+            await self._call("POST", "/timeout", {"timeout": timeout})
+        )
 
     async def kill(self) -> None:
-        """Kill every process and delete the sandbox; then close this client."""
+        """Kill every process and delete the sandbox; then close this client (every later
+        call raises SandboxClosed)."""
+        self._owner.check()
         try:
             await self._api.call("DELETE", self._path)
+        finally:
+            await self._after_kill()
+
+    async def _after_kill(self) -> None:
+        self._owner.closed_because = "killed"
+        # The daemon has ended every process: let the streams this client follows read
+        # their end frame (the exit code a handle's wait() reports), boundedly.
+        try:
+            await self._owner.drain(_KILL_DRAIN)
         finally:
             await self.close()
 
     async def close(self) -> None:
-        """Stop every stream this client follows and close its connections; the sandbox
-        itself keeps running (reconnect with :meth:`connect`)."""
+        """Drop this client — stop the streams it follows, close its connections — and
+        keep the sandbox: its processes run on until its timeout, and
+        ``AsyncSandbox.connect(sandbox_id)`` reattaches. Idempotent."""
         try:
             await self._owner.aclose()
         finally:
@@ -190,10 +227,12 @@ class AsyncSandbox:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if self._owner.closed:
+            return  # already killed (or closed) inside the block
         try:
             await self._api.call("DELETE", self._path)
         finally:
-            await self.close()
+            await self._after_kill()
 
     # -- observability ---------------------------------------------------------------
 
@@ -203,13 +242,11 @@ class AsyncSandbox:
 
     async def consumers(self) -> pd.DataFrame:
         """Per-consumer metrics: cursor, head, lag, bytes sent, state, blocked-since."""
-        return consumers_frame(await self._api.call("GET", self._path + "/consumers"))
+        return consumers_frame(await self._call("GET", "/consumers"))
 
     async def raw_events(self, since: int = 0) -> builtins.list[dict[str, Any]]:
         """The event journal as the daemon sends it."""
-        result: builtins.list[dict[str, Any]] = await self._api.call(
-            "GET", self._path + "/events", since=since
-        )
+        result: builtins.list[dict[str, Any]] = await self._call("GET", "/events", since=since)
         return result
 
     def __repr__(self) -> str:

@@ -3,29 +3,53 @@
 from __future__ import annotations
 
 import asyncio
-import codecs
 import contextlib
 import inspect
+import sys
 import time
+import warnings
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import httpx
+
 from sandboxkit._compat import within
-from sandboxkit.client.api import ApiClient
+from sandboxkit.client.api import ApiClient, FrameStream
+from sandboxkit.client.frames import KeepaliveMeta, StartMeta, parse_meta
+from sandboxkit.client.output import DEFAULT_KEEP_OUTPUT, Cursor, KeepOutput, StreamOutput
 from sandboxkit.errors import (
     ConsumerKicked,
     DaemonUnavailable,
     MalformedFrame,
     OutputGap,
+    OutputGapWarning,
     StreamStalled,
+    error_from_wire,
 )
 from sandboxkit.wire import Frame, FrameKind
 
-__all__ = ["GapInfo", "OnGap", "OutputCallback", "ProcessStream", "StreamStats"]
+__all__ = [
+    "BytesCallback",
+    "GapInfo",
+    "OnGap",
+    "OutputCallback",
+    "ProcessStream",
+    "StreamStats",
+    "gap_marker",
+]
 
 OutputCallback = Callable[[str], Any]
-"""Called with decoded text as it arrives; may be sync or async."""
+"""Called with decoded text; may be sync or async. With ``lines=True`` (the default of
+``commands.run``/``connect``) each call gets one whole line without its newline, so
+``on_stdout=print`` prints what the process printed; with ``lines=False`` each call gets a
+raw chunk as it arrived (possibly part of a line, or several)."""
+
+BytesCallback = Callable[[bytes], Any]
+"""Called with each chunk's bytes exactly as the process wrote them; sync or async."""
+
+_LONGEST_LINE = 64 * 1024
+"""A line that grows past this without a newline is delivered in pieces of this size."""
 
 
 @dataclass(frozen=True)
@@ -38,8 +62,20 @@ class GapInfo:
 
 
 OnGap = Callable[[GapInfo], Any] | Literal["raise"] | None
+"""What a stream does when output was evicted before it read it. ``None`` (the default):
+an :class:`~sandboxkit.errors.OutputGapWarning` and a marker in ``stdout`` (see
+:func:`gap_marker`); a callable: called with the :class:`GapInfo` instead; ``"raise"``:
+the stream ends with :class:`~sandboxkit.errors.OutputGap`."""
+
+
+def gap_marker(gap: GapInfo) -> str:
+    """The line that stands in a handle's ``stdout`` where output was lost."""
+    return f"\n[sandboxkit: {gap.bytes_lost} bytes of output lost here]\n"
+
 
 _OPEN_TIMEOUT = 10.0
+_DEAD_AFTER = 1.0
+"""Seconds of refused connections after which the daemon is taken for dead."""
 _BACKOFF_START = 0.05
 _BACKOFF_MAX = 2.0
 
@@ -65,6 +101,10 @@ class StreamStats:
 class ProcessStream:
     """Reads one process's output from ``cursor`` until its ``end`` frame.
 
+    ``cursor`` may be a :class:`~sandboxkit.client.output.Cursor` from a previous stream
+    (``handle.cursor``, ``disconnect()``): a character it split is then decoded whole. The
+    newest ``keep_output`` bytes of each stream are kept (``stdout``, ``stdout_bytes``).
+
     Every interruption that is not definitive — a kick, a dropped connection, a stream that
     went silent for ``watchdog_multiple`` keepalive intervals — is answered by reattaching
     from the cursor, with backoff, for up to ``reattach_timeout`` seconds of failure. A
@@ -83,21 +123,30 @@ class ProcessStream:
         on_stderr: OutputCallback | None = None,
         on_gap: OnGap = None,
         name: str | None = None,
+        role: str | None = None,
         watchdog_multiple: float = 3.0,
         reattach_timeout: float = 60.0,
-        keep_output: bool = True,
+        keep_output: KeepOutput = DEFAULT_KEEP_OUTPUT,
+        lines: bool = False,
+        on_stdout_bytes: BytesCallback | None = None,
+        on_stderr_bytes: BytesCallback | None = None,
     ) -> None:
         self.api = api
         self.sandbox_id = sandbox_id
         self.pid = pid
-        self.cursor = cursor
+        self._seq = None if cursor is None else int(cursor)
         self.on_stdout = on_stdout
         self.on_stderr = on_stderr
+        self.on_stdout_bytes = on_stdout_bytes
+        self.on_stderr_bytes = on_stderr_bytes
         self.on_gap = on_gap
         self.name = name
+        self.role = role
         self.watchdog_multiple = watchdog_multiple
         self.reattach_timeout = reattach_timeout
         self.keep_output = keep_output
+        self.lines = lines
+        self._partial = {"stdout": "", "stderr": ""}
         self.stats = StreamStats()
         self.exit_code: int | None = None
         self.ended = False
@@ -106,21 +155,45 @@ class ProcessStream:
         self.last_frame_at: float | None = None
         self.gaps: list[GapInfo] = []
         self._keepalive: float | None = None
-        self._stdout: list[str] = []
-        self._stderr: list[str] = []
-        self._decoders = {
-            name: codecs.getincrementaldecoder("utf-8")("replace") for name in ("stdout", "stderr")
+        tails = (cursor.stdout_tail, cursor.stderr_tail) if isinstance(cursor, Cursor) else ()
+        self.output = {
+            target: StreamOutput(keep_output, tail)
+            for target, tail in zip(("stdout", "stderr"), tails or (b"", b""), strict=True)
         }
 
     @property
+    def cursor(self) -> Cursor | None:
+        """Where this stream is: the next chunk's sequence number, with the bytes of any
+        character split there (see :class:`~sandboxkit.client.output.Cursor`)."""
+        if self._seq is None:
+            return None
+        return Cursor(self._seq, self.output["stdout"].tail, self.output["stderr"].tail)
+
+    @property
     def stdout(self) -> str:
-        """Everything received on stdout (and a PTY) so far, decoded."""
-        return "".join(self._stdout)
+        """The stdout (and PTY) output kept so far, decoded; a marker where output was
+        lost to a gap (unless ``on_gap`` handles gaps)."""
+        return self.output["stdout"].text(final=self.ended)
 
     @property
     def stderr(self) -> str:
-        """Everything received on stderr so far, decoded."""
-        return "".join(self._stderr)
+        """The stderr output kept so far, decoded."""
+        return self.output["stderr"].text(final=self.ended)
+
+    @property
+    def stdout_bytes(self) -> bytes:
+        """The stdout (and PTY) bytes kept so far, exactly as written."""
+        return self.output["stdout"].data
+
+    @property
+    def stderr_bytes(self) -> bytes:
+        """The stderr bytes kept so far, exactly as written."""
+        return self.output["stderr"].data
+
+    @property
+    def bytes_dropped(self) -> int:
+        """Bytes received and no longer kept (beyond ``keep_output``), both streams."""
+        return sum(out.dropped for out in self.output.values())
 
     @property
     def watchdog_bound(self) -> float:
@@ -133,19 +206,37 @@ class ProcessStream:
         """Stream until the process's exit; returns its exit code."""
         backoff = _BACKOFF_START
         failing_since: float | None = None
+        refused_since: float | None = None
         while not self.ended:
             frames_before = self.stats.frames
+            refused = False
             try:
                 await self._attach_once()
             except ConsumerKicked:
                 self.stats.kicks += 1
             except _Silent:
                 self.stats.watchdog_expiries += 1
-            except (DaemonUnavailable, MalformedFrame):
+            except (DaemonUnavailable, MalformedFrame) as exc:
                 self.stats.disconnects += 1
+                refused = isinstance(exc.__cause__, ConnectionRefusedError | httpx.ConnectError)
             if self.ended:
                 break
             now = time.monotonic()
+            if not refused:
+                refused_since = None
+            elif refused_since is None:
+                refused_since = now
+            elif now - refused_since > _DEAD_AFTER:
+                # Nobody listens where the daemon was: it is gone, and with it the process
+                # (a new daemon never knows it). Not a stall to wait out for a minute.
+                raise DaemonUnavailable(
+                    f"the daemon at {self.api.url} is gone (connections refused for "
+                    f"{now - refused_since:.1f}s); process {self.pid}'s output stopped at "
+                    f"cursor {self._seq}",
+                    url=self.api.url,
+                )
+            if refused:
+                backoff = min(backoff, _DEAD_AFTER / 4)
             if self.stats.frames > frames_before + 1:
                 failing_since, backoff = None, _BACKOFF_START
             if failing_since is None:
@@ -159,77 +250,110 @@ class ProcessStream:
                 )
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, _BACKOFF_MAX)
-        self._flush_decoders()
+        await self._flush()
         return self.exit_code
 
     async def _attach_once(self) -> None:
         path = f"/sandboxes/{self.sandbox_id}/processes/{self.pid}/stream"
         async with contextlib.AsyncExitStack() as stack:
             opened = stack.enter_async_context(
-                self.api.stream(path, cursor=self.cursor, name=self.name)
+                self.api.stream(path, cursor=self._seq, name=self.name, role=self.role)
             )
             try:
                 # Not asyncio.wait_for: before 3.12 it swallows a cancellation that arrives
                 # as the awaited frame completes, so disconnect() could hang forever.
                 # Bounded like any silence once the keepalive interval is known: a frozen
                 # daemon's kernel still accepts the connection, and nobody answers.
-                frames: AsyncIterator[Frame] = await within(opened, self.watchdog_bound)
+                frames: FrameStream = await within(opened, self.watchdog_bound)
             except TimeoutError:
                 raise _Silent() from None
             self.stats.attaches += 1
-            iterator = frames.__aiter__()
-            while True:
+            batches = frames.batches().__aiter__()
+            if sys.version_info >= (3, 11):
+                await self._read_watched(batches)
+                return
+            while True:  # pragma: no cover - Python 3.10: one timeout per read
                 try:
-                    frame = await within(iterator.__anext__(), self.watchdog_bound)
+                    batch = await within(batches.__anext__(), self.watchdog_bound)
                 except StopAsyncIteration:
                     raise DaemonUnavailable("stream closed before its end frame") from None
                 except TimeoutError:
                     raise _Silent() from None
-                if await self._handle(frame):
-                    return
+                for frame in batch:
+                    if await self._handle(frame):
+                        return
+
+    if sys.version_info >= (3, 11):
+
+        async def _read_watched(self, batches: AsyncIterator[list[Frame]]) -> None:
+            """Read to the end frame, declaring the stream silent when no read completes
+            within the watchdog bound. One timeout for the whole attach, moved on after each
+            read (cheaper than a new one per frame) and suspended while the frames are
+            handled, so a slow callback is never mistaken for a dead stream."""
+            loop = asyncio.get_running_loop()
+            watchdog = asyncio.timeout(self.watchdog_bound)
+            try:
+                async with watchdog:
+                    while True:
+                        try:
+                            batch = await batches.__anext__()
+                        except StopAsyncIteration:
+                            raise DaemonUnavailable("stream closed before its end frame") from None
+                        watchdog.reschedule(None)
+                        for frame in batch:
+                            if await self._handle(frame):
+                                return
+                        watchdog.reschedule(loop.time() + self.watchdog_bound)
+            except TimeoutError:
+                if not watchdog.expired():
+                    raise  # a callback's own TimeoutError
+                raise _Silent() from None
 
     async def _handle(self, frame: Frame) -> bool:
         self.last_frame_at = time.monotonic()
         self.stats.frames += 1
-        meta = frame.meta
         kind = frame.kind
+        meta = parse_meta(kind, frame.meta)  # MalformedFrame unless usable
         if kind is FrameKind.DATA:
-            seq = int(meta["seq"])
-            if self.cursor is not None and seq < self.cursor:
+            if self._seq is not None and meta.seq < self._seq:
                 return False  # already delivered before a reattach
-            self.cursor = seq + 1
+            self._seq = meta.seq + 1
             self.stats.bytes += len(frame.payload)
-            await self._deliver(str(meta.get("stream", "stdout")), frame.payload)
+            await self._deliver(meta.stream, frame.payload)
         elif kind is FrameKind.START:
-            self.cursor = int(meta["cursor"])
-            self._keepalive = float(meta.get("keepalive_interval") or _OPEN_TIMEOUT)
+            self._seq = meta.cursor
+            self._keepalive = meta.keepalive_interval or _OPEN_TIMEOUT
             self._states(meta)
         elif kind is FrameKind.KEEPALIVE:
             self._states(meta)
         elif kind is FrameKind.GAP:
-            await self._gap(
-                GapInfo(int(meta["cursor"]), int(meta["first_available"]), int(meta["bytes_lost"]))
-            )
+            if meta.first_available < meta.cursor:
+                raise MalformedFrame(f"gap frame goes backwards: {frame.meta}"[:300])
+            await self._gap(GapInfo(meta.cursor, meta.first_available, meta.bytes_lost))
         elif kind is FrameKind.END:
-            code = meta.get("exit_code")
-            self.exit_code = int(code) if code is not None else None
-            self.cursor = int(meta.get("cursor", self.cursor or 0))
+            self.exit_code = meta.exit_code
+            if meta.cursor is not None:
+                self._seq = meta.cursor
+            elif self._seq is None:
+                self._seq = 0
             self.process_state = "exited"
             self.ended = True
             return True
         elif kind is FrameKind.ERROR:
-            raise frame.error()
+            raise error_from_wire(frame.meta)
         return False
 
-    def _states(self, meta: dict[str, Any]) -> None:
-        self.process_state = meta.get("process_state", self.process_state)
-        self.sandbox_state = meta.get("sandbox_state", self.sandbox_state)
+    def _states(self, meta: StartMeta | KeepaliveMeta) -> None:
+        if meta.process_state is not None:
+            self.process_state = meta.process_state
+        if meta.sandbox_state is not None:
+            self.sandbox_state = meta.sandbox_state
 
     async def _gap(self, gap: GapInfo) -> None:
         self.gaps.append(gap)
         self.stats.gaps += 1
         self.stats.bytes_lost += gap.bytes_lost
-        self.cursor = gap.first_available
+        self._seq = gap.first_available
         if self.on_gap == "raise":
             raise OutputGap(
                 f"{gap.bytes_lost} bytes of process {self.pid} were evicted before being read",
@@ -240,25 +364,64 @@ class ProcessStream:
             )
         if self.on_gap is not None:
             await _call(self.on_gap, gap)
+            return
+        # Nobody asked to handle gaps: never lose output silently.
+        warnings.warn(
+            OutputGapWarning(
+                f"{gap.bytes_lost} bytes of process {self.pid}'s output were evicted by the "
+                f"daemon before this client read them (cursor {gap.cursor} -> "
+                f"{gap.first_available}); pass on_gap= to handle gaps yourself"
+            ),
+            stacklevel=2,
+        )
+        for target in ("stdout", "stderr"):
+            marker = gap_marker(gap) if target == "stdout" else ""
+            broken = self.output[target].mark(marker)
+            if broken:
+                await self._emit(target, broken)
 
     async def _deliver(self, stream: str, data: bytes) -> None:
         target = "stderr" if stream == "stderr" else "stdout"
-        text = self._decoders[target].decode(data)
+        raw = self.on_stderr_bytes if target == "stderr" else self.on_stdout_bytes
+        callback = self.on_stderr if target == "stderr" else self.on_stdout
+        text = self.output[target].add(data, decode=callback is not None)
+        if raw is not None:
+            await _call(raw, data)
         if text:
             await self._emit(target, text)
 
     async def _emit(self, target: str, text: str) -> None:
-        if self.keep_output:
-            (self._stderr if target == "stderr" else self._stdout).append(text)
         callback = self.on_stderr if target == "stderr" else self.on_stdout
-        if callback is not None:
+        if callback is None:
+            return
+        if not self.lines:
             await _call(callback, text)
+            return
+        *complete, rest = (self._partial[target] + text).split("\n")
+        while len(rest) > _LONGEST_LINE:
+            complete.append(rest[:_LONGEST_LINE])
+            rest = rest[_LONGEST_LINE:]
+        self._partial[target] = rest
+        for line in complete:
+            await _call(callback, line.removesuffix("\r"))
 
-    def _flush_decoders(self) -> None:
-        for target, decoder in self._decoders.items():
-            tail = decoder.decode(b"", final=True)
-            if tail and self.keep_output:
-                (self._stderr if target == "stderr" else self._stdout).append(tail)
+    async def _flush(self) -> None:
+        """At the end of the output: a character the output ended inside of (as U+FFFD),
+        then any last line that had no newline."""
+        for target in ("stdout", "stderr"):
+            tail = self.output[target].tail
+            if tail:
+                await self._emit(target, tail.decode("utf-8", "replace"))
+        await self.flush_lines()
+
+    async def flush_lines(self) -> None:
+        """Hand the callbacks any line received without its newline yet (on the end of the
+        output, and when a handle disconnects: the cursor has moved past it)."""
+        for target in ("stdout", "stderr"):
+            rest, self._partial[target] = self._partial[target], ""
+            callback = self.on_stderr if target == "stderr" else self.on_stdout
+            if rest and callback is not None:
+                await _call(callback, rest.removesuffix("\r"))
 
 
 async def _call(callback: Callable[..., Any], *args: Any) -> None:

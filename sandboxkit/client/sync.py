@@ -15,10 +15,12 @@ import httpx
 import pandas as pd
 
 from sandboxkit.client.commands import AsyncCommandHandle, AsyncCommands
+from sandboxkit.client.files import Files
 from sandboxkit.client.loop_thread import LoopThread, shared_loop_thread
+from sandboxkit.client.output import DEFAULT_KEEP_OUTPUT, Cursor, KeepOutput
 from sandboxkit.client.results import CommandResult, Failed, Ok, ProcessInfo, SandboxInfo
-from sandboxkit.client.sandbox import AsyncSandbox
-from sandboxkit.client.stream import OnGap, OutputCallback
+from sandboxkit.client.sandbox import DEFAULT_TIMEOUT, AsyncSandbox
+from sandboxkit.client.stream import BytesCallback, OnGap, OutputCallback
 
 __all__ = ["CommandHandle", "Commands", "Sandbox"]
 
@@ -38,8 +40,9 @@ class CommandHandle:
         self.pid = handle.pid
 
     @property
-    def cursor(self) -> int | None:
-        """Sequence number of the next chunk this handle will receive."""
+    def cursor(self) -> Cursor | None:
+        """Sequence number of the next chunk this handle will receive (see
+        :attr:`AsyncCommandHandle.cursor`)."""
         return self._handle.cursor
 
     @property
@@ -53,6 +56,16 @@ class CommandHandle:
         return self._handle.stderr
 
     @property
+    def stdout_bytes(self) -> bytes:
+        """Stdout bytes received so far, exactly as written."""
+        return self._handle.stdout_bytes
+
+    @property
+    def stderr_bytes(self) -> bytes:
+        """Stderr bytes received so far, exactly as written."""
+        return self._handle.stderr_bytes
+
+    @property
     def exit_code(self) -> int | None:
         """The exit code once the process ended."""
         return self._handle.exit_code
@@ -63,16 +76,18 @@ class CommandHandle:
         return self._handle.stream
 
     def wait(self, timeout: float | None = None) -> CommandResult:
-        """Wait for exit; raises CommandExitError on a non-zero exit code."""
+        """Wait for exit and return the result; raises CommandExitError when the exit code
+        is not 0, also for a killed process (see :meth:`AsyncCommandHandle.wait`)."""
         return self._loop.run(self._handle.wait(), timeout=timeout)
 
     def kill(self) -> bool:
         """Kill the process."""
         return self._loop.run(self._handle.kill())
 
-    def disconnect(self) -> None:
-        """Stop following output; the process keeps running."""
-        self._loop.run(self._handle.disconnect())
+    def disconnect(self) -> Cursor | None:
+        """Stop following output; the process keeps running. Returns the cursor to resume
+        from: ``commands.connect(pid, cursor=handle.disconnect())``."""
+        return self._loop.run(self._handle.disconnect())
 
     def send_stdin(self, data: str | bytes) -> None:
         """Write to the process's stdin."""
@@ -101,12 +116,30 @@ class Commands:
         *,
         pty: bool = False,
         on_gap: OnGap = None,
+        lines: bool = True,
+        on_stdout_bytes: BytesCallback | None = None,
+        on_stderr_bytes: BytesCallback | None = None,
+        keep_output: KeepOutput | None = None,
     ) -> Any:
         """Run a command: a :class:`CommandResult`, or with ``background=True`` a
-        :class:`CommandHandle`. Callbacks run on the client's background loop thread."""
+        :class:`CommandHandle`. ``on_stdout``/``on_stderr`` get whole lines without their
+        newline (``lines=False``: raw chunks); they run on the client's background loop
+        thread. See :meth:`AsyncCommands.run`."""
         result = self._loop.run(
             self._commands.run(
-                cmd, background, on_stdout, on_stderr, envs, cwd, timeout, pty=pty, on_gap=on_gap
+                cmd,
+                background,
+                on_stdout,
+                on_stderr,
+                envs,
+                cwd,
+                timeout,
+                pty=pty,
+                on_gap=on_gap,
+                lines=lines,
+                on_stdout_bytes=on_stdout_bytes,
+                on_stderr_bytes=on_stderr_bytes,
+                keep_output=keep_output,
             )
         )
         if isinstance(result, AsyncCommandHandle):
@@ -121,10 +154,27 @@ class Commands:
         on_stderr: OutputCallback | None = None,
         *,
         on_gap: OnGap = None,
+        lines: bool = True,
+        role: str | None = None,
+        on_stdout_bytes: BytesCallback | None = None,
+        on_stderr_bytes: BytesCallback | None = None,
+        keep_output: KeepOutput = DEFAULT_KEEP_OUTPUT,
     ) -> CommandHandle:
-        """Follow a process from ``cursor`` (default: oldest retained output)."""
+        """Follow a process from ``cursor`` (default: oldest retained output); an unknown
+        pid raises ResultUnavailable here. See :meth:`AsyncCommands.connect`."""
         handle = self._loop.run(
-            self._commands.connect(pid, cursor, on_stdout, on_stderr, on_gap=on_gap)
+            self._commands.connect(
+                pid,
+                cursor,
+                on_stdout,
+                on_stderr,
+                on_gap=on_gap,
+                lines=lines,
+                role=role,
+                on_stdout_bytes=on_stdout_bytes,
+                on_stderr_bytes=on_stderr_bytes,
+                keep_output=keep_output,
+            )
         )
         return CommandHandle(handle, self._loop)
 
@@ -166,7 +216,8 @@ class Commands:
 class Sandbox:
     """The sync sandbox client; same methods as :class:`AsyncSandbox`, blocking.
 
-    Works inside a running Jupyter kernel. As a context manager it always kills the sandbox.
+    Works inside a running Jupyter kernel. As a context manager it always kills the
+    sandbox; otherwise the sandbox lives until :meth:`kill` or its timeout.
     """
 
     def __init__(self, sandbox: AsyncSandbox, loop: LoopThread | None = None) -> None:
@@ -174,11 +225,18 @@ class Sandbox:
         self._loop = loop or shared_loop_thread()
         self.sandbox_id = sandbox.sandbox_id
         self.commands = Commands(sandbox.commands, self._loop)
+        self.files = Files(sandbox.files, self._loop)
 
     @property
     def async_sandbox(self) -> AsyncSandbox:
         """The async client underneath (lives on the background loop)."""
         return self._async
+
+    @property
+    def loop_thread(self) -> LoopThread:
+        """The background loop thread this sandbox's calls run on (the notebook widgets
+        run their client work there too)."""
+        return self._loop
 
     @property
     def info(self) -> SandboxInfo:
@@ -188,8 +246,8 @@ class Sandbox:
     @classmethod
     def create(
         cls,
-        timeout: float | None = None,
-        on_timeout: Literal["pause", "kill"] = "pause",
+        timeout: float | None = DEFAULT_TIMEOUT,
+        on_timeout: Literal["pause", "kill"] = "kill",
         auto_resume: bool = False,
         *,
         envs: dict[str, str] | None = None,
@@ -247,12 +305,19 @@ class Sandbox:
         """Thaw every process of the sandbox."""
         self._loop.run(self._async.resume())
 
+    def set_timeout(self, timeout: float | None) -> None:
+        """Let the sandbox live until ``timeout`` seconds pass unused (``None``: until
+        killed); the clock restarts now."""
+        self._loop.run(self._async.set_timeout(timeout))
+
     def kill(self) -> None:
-        """Kill and delete the sandbox; closes this client."""
+        """Kill and delete the sandbox; closes this client (later calls raise
+        SandboxClosed)."""
         self._loop.run(self._async.kill())
 
     def close(self) -> None:
-        """Close this client; the sandbox keeps running."""
+        """Drop this client and keep the sandbox: its processes run on until its timeout;
+        ``Sandbox.connect(sandbox_id)`` reattaches (after a kernel restart too)."""
         self._loop.run(self._async.close())
 
     def events(self, since: int = 0) -> pd.DataFrame:

@@ -1,92 +1,119 @@
-"""The HTTP API: a thin Starlette layer over :class:`~sandboxkit.daemon.host.Host`."""
+"""The HTTP API: a thin Starlette layer over :class:`~sandboxkit.daemon.host.Host`.
+
+Every request body and query is decoded into a typed model of
+:mod:`sandboxkit.daemon.schema` before a handler touches any state, so a bad input is a
+typed 4xx that changes nothing; every response is encoded so that it cannot fail; and the
+OpenAPI document is generated from the same models and the endpoint table below.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
-import json
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
+import msgspec
+from msgspec import Struct
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sandboxkit._compat import within
 from sandboxkit._version import __version__
-from sandboxkit.daemon.consumers import Consumer
+from sandboxkit.daemon.consumers import CONSUMER_STATES, Consumer
+from sandboxkit.daemon.files import FileContent, FileEntry, FileQuery, FilesApi, WriteFile
 from sandboxkit.daemon.host import Host
-from sandboxkit.daemon.process import ProcessSpec
+from sandboxkit.daemon.process import ProcessSpec, check_exec_size
+from sandboxkit.daemon.sandbox import Sandbox
+from sandboxkit.daemon.schema import (
+    ERROR_SCHEMA,
+    ConsumerRow,
+    CreateSandbox,
+    EventRow,
+    EventsQuery,
+    Health,
+    KilledProcess,
+    ProcessInfo,
+    SandboxInfo,
+    SetTimeout,
+    StartProcess,
+    StdinAck,
+    StdinBatch,
+    StreamQuery,
+    decode_body,
+    decode_query,
+    encode_json,
+)
 from sandboxkit.errors import (
-    ERROR_TABLE,
+    FileNotFound,
     InvalidArgument,
     MalformedFrame,
+    PayloadTooLarge,
+    ProcessNotFound,
+    ResultUnavailable,
     SandboxkitError,
+    SandboxNotFound,
+    SandboxPaused,
+    StdinBusy,
+    StdinSeqMismatch,
     Unauthorized,
 )
 from sandboxkit.wire import CONTENT_TYPE
 
-__all__ = ["create_app"]
+__all__ = ["JsonResponse", "create_app"]
 
 Handler = Callable[[Request], Awaitable[Response]]
+M = TypeVar("M", bound=Struct)
+
+_MAX_PID = 2**63 - 1
+
+
+class JsonResponse(Response):
+    """A JSON response that always encodes (see :func:`~sandboxkit.daemon.schema.encode_json`)."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return encode_json(content)
 
 
 # -- request parsing -----------------------------------------------------------------
 
 
-async def _body(request: Request) -> dict[str, Any]:
-    raw = await request.body()
-    if not raw.strip():
-        return {}
-    try:
-        body = json.loads(raw)
-    except ValueError as exc:
-        raise MalformedFrame(f"request body is not JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise MalformedFrame("request body must be a JSON object")
-    return body
-
-
-def _field(body: dict[str, Any], name: str, kinds: tuple[type, ...], default: Any = None) -> Any:
-    value = body.get(name, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) and bool not in kinds:
-        raise InvalidArgument(f"{name} has the wrong type", field=name)
-    if not isinstance(value, kinds):
-        raise InvalidArgument(f"{name} has the wrong type", field=name)
-    return value
-
-
-def _str_map(body: dict[str, Any], name: str) -> dict[str, str]:
-    value = _field(body, name, (dict,), {})
-    if not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-        raise InvalidArgument(f"{name} must map strings to strings", field=name)
-    return dict(value)
-
-
-def _int_param(request: Request, name: str, default: int | None = None) -> int | None:
-    raw = request.query_params.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise InvalidArgument(f"{name} must be an integer", field=name) from None
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The whole body, refused with 413 past ``limit`` bytes (announced or streamed)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"request body of {declared} bytes is over {limit}")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body is over {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _pid(request: Request) -> int:
+    raw = request.path_params["pid"]
     try:
-        return int(request.path_params["pid"])
+        pid = int(raw)
     except ValueError:
         raise InvalidArgument("pid must be an integer", field="pid") from None
+    if not -_MAX_PID <= pid <= _MAX_PID:
+        raise InvalidArgument("pid is out of range", field="pid")
+    return pid
+
+
+def _query(request: Request, model: type[M]) -> M:
+    return decode_query(dict(request.query_params), model)
 
 
 # -- the stream response -------------------------------------------------------------
@@ -165,18 +192,44 @@ async def _disconnected(receive: Receive) -> None:
 
 @dataclass(frozen=True)
 class _Endpoint:
+    """One route: the table drives both the router and the OpenAPI document."""
+
     method: str
     path: str
     summary: str
     handler: Handler
+    body: type[Struct] | None = None
+    query: type[Struct] | None = None
+    response: Any = None
+    """The 2xx body's model (``list[Model]`` for lists); ``None``: the frame stream."""
+    status: int = 200
+    errors: tuple[type[SandboxkitError], ...] = ()
+    """Errors beyond those the path, query and body imply (see :meth:`all_errors`)."""
+    description: str = field(default="")
+
+    def all_errors(self) -> list[type[SandboxkitError]]:
+        """Every error this route can answer with."""
+        implied: list[type[SandboxkitError]] = [Unauthorized]
+        if "{sid}" in self.path:
+            implied.append(SandboxNotFound)
+        if self.body is not None:
+            implied += [MalformedFrame, InvalidArgument, PayloadTooLarge]
+        if self.query is not None or "{pid}" in self.path:
+            implied.append(InvalidArgument)
+        return list(dict.fromkeys([*implied, *self.errors]))
 
 
 class _Api:
     def __init__(self, host: Host) -> None:
         self.host = host
+        self.files = FilesApi(host)  # sbx.files: sandboxkit/daemon/files.py
+
+    async def _decode(self, request: Request, model: type[M]) -> M:
+        raw = await _read_body(request, self.host.config.max_body)
+        return decode_body(raw, model)
 
     async def health(self, request: Request) -> Response:
-        return JSONResponse(
+        return JsonResponse(
             {
                 "status": "ok",
                 "version": __version__,
@@ -187,163 +240,324 @@ class _Api:
         )
 
     async def create_sandbox(self, request: Request) -> Response:
-        body = await _body(request)
-        on_timeout = _field(body, "on_timeout", (str,), "pause")
+        body = await self._decode(request, CreateSandbox)
+        # The sandbox's environment goes to every process: refuse one no process could use.
+        check_exec_size(["/bin/sh", "-c", ""], body.envs)
         sandbox = await self.host.create_sandbox(
-            envs=_str_map(body, "envs"),
-            timeout=_field(body, "timeout", (int, float)),
-            on_timeout=on_timeout,
-            auto_resume=_field(body, "auto_resume", (bool,), False),
-            metadata=_str_map(body, "metadata"),
-            fanout=_field(body, "fanout", (str,)),
-            kick_grace=_field(body, "kick_grace", (int, float)),
-            pause_ghosts=_field(body, "pause_ghosts", (bool,), False),
-            ghost_buffer=_field(body, "ghost_buffer", (int,)),
+            envs=body.envs,
+            timeout=body.timeout,
+            on_timeout=body.on_timeout,
+            auto_resume=body.auto_resume,
+            metadata=body.metadata,
+            fanout=body.fanout,
+            kick_grace=body.kick_grace,
+            pause_ghosts=body.pause_ghosts,
+            ghost_buffer=body.ghost_buffer,
         )
-        return JSONResponse(sandbox.to_json(), status_code=201)
+        return JsonResponse(sandbox.to_json(), status_code=201)
 
     async def list_sandboxes(self, request: Request) -> Response:
-        return JSONResponse([s.to_json() for s in self.host.sandboxes.values()])
+        return JsonResponse([s.to_json() for s in self.host.sandboxes.values()])
 
     async def get_sandbox(self, request: Request) -> Response:
         sandbox = await self.host.access(request.path_params["sid"])
-        return JSONResponse(sandbox.to_json())
+        return JsonResponse(sandbox.to_json())
 
     async def kill_sandbox(self, request: Request) -> Response:
         sandbox = self.host.get(request.path_params["sid"])
         await sandbox.kill(reason="user")
-        return JSONResponse(sandbox.to_json())
+        return JsonResponse(sandbox.to_json())
 
     async def pause_sandbox(self, request: Request) -> Response:
-        sandbox = self.host.get(request.path_params["sid"])
-        sandbox.touch()
-        if sandbox.state == "killed":
-            raise InvalidArgument("the sandbox was killed", field="sandbox_id")
+        sandbox = self._alive(request)
         await sandbox.pause(reason="user")
-        return JSONResponse(sandbox.to_json())
+        return JsonResponse(sandbox.to_json())
 
     async def resume_sandbox(self, request: Request) -> Response:
-        sandbox = self.host.get(request.path_params["sid"])
+        sandbox = self._alive(request)
+        await sandbox.resume(reason="user")
+        return JsonResponse(sandbox.to_json())
+
+    async def set_timeout(self, request: Request) -> Response:
+        body = await self._decode(request, SetTimeout)
+        sandbox = self._alive(request)
+        sandbox.set_timeout(body.timeout)
+        return JsonResponse(sandbox.to_json())
+
+    def _alive(self, request: Request) -> Sandbox:
+        sid = request.path_params["sid"]
+        sandbox = self.host.get(sid)
         sandbox.touch()
         if sandbox.state == "killed":
-            raise InvalidArgument("the sandbox was killed", field="sandbox_id")
-        await sandbox.resume(reason="user")
-        return JSONResponse(sandbox.to_json())
+            raise SandboxNotFound(f"sandbox {sid} was killed", sandbox_id=sid)
+        return sandbox
 
     async def start_process(self, request: Request) -> Response:
-        body = await _body(request)
-        sandbox = await self.host.access(request.path_params["sid"], needs_running=True)
-        argv = _field(body, "argv", (list,))
-        if argv is not None and not all(isinstance(a, str) for a in argv):
-            raise InvalidArgument("argv must be a list of strings", field="argv")
+        body = await self._decode(request, StartProcess)
+        # Validated before the sandbox is looked up: access() may auto-resume it.
         spec = ProcessSpec(
-            cmd=_field(body, "cmd", (str,)),
-            argv=tuple(argv) if argv is not None else None,
-            cwd=_field(body, "cwd", (str,)),
-            envs=_str_map(body, "envs"),
-            pty=_field(body, "pty", (bool,), False),
-            timeout=_field(body, "timeout", (int, float)),
-            tag=_field(body, "tag", (str,)),
+            cmd=body.cmd,
+            argv=tuple(body.argv) if body.argv is not None else None,
+            cwd=body.cwd,
+            envs=body.envs,
+            pty=body.pty,
+            timeout=body.timeout,
+            tag=body.tag,
         )
+        sandbox = await self.host.access(request.path_params["sid"], needs_running=True)
         process = await sandbox.start_process(spec)
-        return JSONResponse(process.to_json(), status_code=201)
+        return JsonResponse(process.to_json(), status_code=201)
 
     async def list_processes(self, request: Request) -> Response:
         sandbox = await self.host.access(request.path_params["sid"])
-        return JSONResponse([p.to_json() for p in sandbox.processes.values()])
+        return JsonResponse([p.to_json() for p in sandbox.processes.values()])
 
     async def get_process(self, request: Request) -> Response:
+        pid = _pid(request)
         sandbox = await self.host.access(request.path_params["sid"])
-        return JSONResponse(sandbox.result(_pid(request)).to_json())
+        return JsonResponse(sandbox.result(pid).to_json())
 
     async def kill_process(self, request: Request) -> Response:
+        pid = _pid(request)
         sandbox = await self.host.access(request.path_params["sid"])
-        process = sandbox.process(_pid(request))
+        process = sandbox.process(pid)
         was_running = process.running
         await process.kill(reason="user")
-        return JSONResponse({**process.to_json(), "killed": was_running})
+        return JsonResponse({**process.to_json(), "killed": was_running})
 
     async def restart_process(self, request: Request) -> Response:
+        pid = _pid(request)
         sandbox = await self.host.access(request.path_params["sid"], needs_running=True)
-        process = await sandbox.restart(_pid(request))
-        return JSONResponse(process.to_json(), status_code=201)
+        process = await sandbox.restart(pid)
+        return JsonResponse(process.to_json(), status_code=201)
 
     async def write_stdin(self, request: Request) -> Response:
-        body = await _body(request)
+        body = await self._decode(request, StdinBatch)
+        pid = _pid(request)
         sandbox = await self.host.access(request.path_params["sid"], needs_running=True)
-        process = sandbox.process(_pid(request))
-        session = _field(body, "session", (str,))
-        seq = _field(body, "seq", (int,))
-        data = _field(body, "data", (str,))
-        if session is None or seq is None or data is None:
-            raise InvalidArgument("stdin needs session, seq and data (base64)", field="data")
-        try:
-            raw = base64.b64decode(data, validate=True)
-        except binascii.Error:
-            raise InvalidArgument("data must be base64", field="data") from None
-        return JSONResponse(process.write_stdin(session, seq, raw))
+        process = sandbox.process(pid)
+        return JsonResponse(await process.write_stdin(body.session, body.seq, body.data))
 
     async def close_stdin(self, request: Request) -> Response:
+        pid = _pid(request)
         sandbox = await self.host.access(request.path_params["sid"], needs_running=True)
-        process = sandbox.process(_pid(request))
+        process = sandbox.process(pid)
         process.close_stdin()
-        return JSONResponse(process.to_json())
+        return JsonResponse(process.to_json())
 
     async def stream(self, request: Request) -> Response:
+        query = _query(request, StreamQuery)
+        pid = _pid(request)
         sandbox = await self.host.access(request.path_params["sid"])
-        process = sandbox.result(_pid(request))
+        process = sandbox.result(pid)
         client = request.client
         consumer = self.host.consumer(
             process,
-            _int_param(request, "cursor"),
-            name=request.query_params.get("name"),
+            query.cursor,
+            name=query.name,
+            role=query.role,
             peer=f"{client.host}:{client.port}" if client else None,
         )
         return FrameStreamResponse(self.host, consumer)
 
     async def events(self, request: Request) -> Response:
+        query = _query(request, EventsQuery)
         sandbox_id = request.path_params.get("sid")
         if sandbox_id is not None:
             self.host.get(sandbox_id)
-        since = _int_param(request, "since", 0) or 0
-        events = self.host.journal.since(
-            since, sandbox_id=sandbox_id, pid=_int_param(request, "pid")
-        )
-        return JSONResponse([e.to_json() for e in events])
+        events = self.host.journal.since(query.since, sandbox_id=sandbox_id, pid=query.pid)
+        return JsonResponse([e.to_json() for e in events])
 
     async def consumers(self, request: Request) -> Response:
-        return JSONResponse(self.host.consumers(request.path_params.get("sid")))
+        return JsonResponse(self.host.consumers(request.path_params.get("sid")))
 
     async def openapi(self, request: Request) -> Response:
-        return JSONResponse(_openapi(self.endpoints()))
+        return JsonResponse(_openapi(self.endpoints()))
 
     def endpoints(self) -> list[_Endpoint]:
         sbx = "/sandboxes/{sid}"
         proc = sbx + "/processes/{pid}"
+        ep = _Endpoint
+        paused = (SandboxPaused,)
+        consumers_doc = "Consumer states: " + "; ".join(
+            f"`{name}`: {meaning}" for name, meaning in CONSUMER_STATES.items()
+        )
         return [
-            _Endpoint("GET", "/health", "Daemon health", self.health),
-            _Endpoint("GET", "/openapi.json", "This OpenAPI document", self.openapi),
-            _Endpoint("POST", "/sandboxes", "Create a sandbox", self.create_sandbox),
-            _Endpoint("GET", "/sandboxes", "List sandboxes", self.list_sandboxes),
-            _Endpoint("GET", sbx, "Get a sandbox", self.get_sandbox),
-            _Endpoint("DELETE", sbx, "Kill and delete a sandbox", self.kill_sandbox),
-            _Endpoint("POST", sbx + "/pause", "Pause (freeze) a sandbox", self.pause_sandbox),
-            _Endpoint("POST", sbx + "/resume", "Resume (thaw) a sandbox", self.resume_sandbox),
-            _Endpoint("POST", sbx + "/processes", "Start a process", self.start_process),
-            _Endpoint("GET", sbx + "/processes", "List processes", self.list_processes),
-            _Endpoint("GET", proc, "Get a process", self.get_process),
-            _Endpoint("POST", proc + "/kill", "Kill a process", self.kill_process),
-            _Endpoint(
-                "POST", proc + "/restart", "Kill and restart a process", self.restart_process
+            ep("GET", "/health", "Daemon health", self.health, response=Health),
+            ep("GET", "/openapi.json", "This OpenAPI document", self.openapi, response=dict),
+            ep(
+                "POST",
+                "/sandboxes",
+                "Create a sandbox",
+                self.create_sandbox,
+                body=CreateSandbox,
+                response=SandboxInfo,
+                status=201,
             ),
-            _Endpoint("POST", proc + "/stdin", "Write a stdin batch", self.write_stdin),
-            _Endpoint("POST", proc + "/stdin/close", "Close stdin", self.close_stdin),
-            _Endpoint("GET", proc + "/stream", "Attach a framed output stream", self.stream),
-            _Endpoint("GET", "/events", "Event journal", self.events),
-            _Endpoint("GET", sbx + "/events", "A sandbox's events", self.events),
-            _Endpoint("GET", "/consumers", "Consumer metrics", self.consumers),
-            _Endpoint("GET", sbx + "/consumers", "A sandbox's consumer metrics", self.consumers),
+            ep(
+                "GET",
+                "/sandboxes",
+                "List sandboxes",
+                self.list_sandboxes,
+                response=list[SandboxInfo],
+            ),
+            ep("GET", sbx, "Get a sandbox", self.get_sandbox, response=SandboxInfo),
+            ep("DELETE", sbx, "Kill and delete a sandbox", self.kill_sandbox, response=SandboxInfo),
+            ep(
+                "POST",
+                sbx + "/pause",
+                "Pause (freeze) a sandbox",
+                self.pause_sandbox,
+                response=SandboxInfo,
+            ),
+            ep(
+                "POST",
+                sbx + "/resume",
+                "Resume (thaw) a sandbox",
+                self.resume_sandbox,
+                response=SandboxInfo,
+            ),
+            ep(
+                "POST",
+                sbx + "/timeout",
+                "Set the idle timeout (restarts it)",
+                self.set_timeout,
+                body=SetTimeout,
+                response=SandboxInfo,
+            ),
+            ep(
+                "POST",
+                sbx + "/processes",
+                "Start a process",
+                self.start_process,
+                body=StartProcess,
+                response=ProcessInfo,
+                status=201,
+                errors=paused,
+            ),
+            ep(
+                "GET",
+                sbx + "/processes",
+                "List processes",
+                self.list_processes,
+                response=list[ProcessInfo],
+            ),
+            ep(
+                "GET",
+                proc,
+                "Get a process",
+                self.get_process,
+                response=ProcessInfo,
+                errors=(ResultUnavailable,),
+            ),
+            ep(
+                "POST",
+                proc + "/kill",
+                "Kill a process",
+                self.kill_process,
+                response=KilledProcess,
+                errors=(ProcessNotFound,),
+            ),
+            ep(
+                "POST",
+                proc + "/restart",
+                "Kill and restart a process",
+                self.restart_process,
+                response=ProcessInfo,
+                status=201,
+                errors=(SandboxPaused, ProcessNotFound),
+            ),
+            ep(
+                "POST",
+                proc + "/stdin",
+                "Write a stdin batch (exactly once per session and seq)",
+                self.write_stdin,
+                body=StdinBatch,
+                response=StdinAck,
+                errors=(SandboxPaused, ProcessNotFound, StdinSeqMismatch, StdinBusy),
+            ),
+            ep(
+                "POST",
+                proc + "/stdin/close",
+                "Close stdin",
+                self.close_stdin,
+                response=ProcessInfo,
+                errors=(SandboxPaused, ProcessNotFound),
+            ),
+            ep(
+                "GET",
+                proc + "/stream",
+                "Attach a framed output stream",
+                self.stream,
+                query=StreamQuery,
+                errors=(ResultUnavailable,),
+                description="`role` labels the consumer in the metrics (default `sdk`).",
+            ),
+            ep(
+                "GET",
+                "/events",
+                "Event journal",
+                self.events,
+                query=EventsQuery,
+                response=list[EventRow],
+            ),
+            ep(
+                "GET",
+                sbx + "/events",
+                "A sandbox's events",
+                self.events,
+                query=EventsQuery,
+                response=list[EventRow],
+            ),
+            ep(
+                "GET",
+                "/consumers",
+                "Consumer metrics",
+                self.consumers,
+                response=list[ConsumerRow],
+                description=consumers_doc,
+            ),
+            ep(
+                "GET",
+                sbx + "/consumers",
+                "A sandbox's consumer metrics",
+                self.consumers,
+                response=list[ConsumerRow],
+                description=consumers_doc,
+            ),
+            ep(
+                "PUT",
+                sbx + "/files",
+                "Write a file",
+                self.files.write,
+                body=WriteFile,
+                response=FileEntry,
+                status=201,
+            ),
+            ep(
+                "GET",
+                sbx + "/files",
+                "Read a file",
+                self.files.read,
+                query=FileQuery,
+                response=FileContent,
+                errors=(FileNotFound,),
+            ),
+            ep(
+                "GET",
+                sbx + "/files/list",
+                "List a directory",
+                self.files.list,
+                query=FileQuery,
+                response=list[FileEntry],
+                errors=(FileNotFound,),
+            ),
         ]
+
+
+# -- the OpenAPI document --------------------------------------------------------------
+
+_REF = "#/components/schemas/{name}"
 
 
 def _operation_id(ep: _Endpoint) -> str:
@@ -351,60 +565,84 @@ def _operation_id(ep: _Endpoint) -> str:
     return "_".join([ep.method.lower(), *words])
 
 
+def _not_null(schema: dict[str, Any]) -> dict[str, Any]:
+    """A query parameter's schema: absent rather than ``null``."""
+    options = [s for s in schema.get("anyOf", []) if s.get("type") != "null"]
+    return options[0] if len(options) == 1 else {k: v for k, v in schema.items() if k != "default"}
+
+
 def _openapi(endpoints: list[_Endpoint]) -> dict[str, Any]:
-    error = {"$ref": "#/components/schemas/Error"}
+    models: list[Any] = []
+    for ep in endpoints:
+        for model in (ep.body, ep.query, ep.response):
+            if model is not None and model is not dict:
+                models.append(model)
+    schemas, components = msgspec.json.schema_components(models, ref_template=_REF)
+    refs = dict(zip(map(repr, models), schemas, strict=True))
+    components["Error"] = ERROR_SCHEMA
     paths: dict[str, dict[str, Any]] = {}
     for ep in endpoints:
-        params = [
-            {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
-            for name in ("sid", "pid")
-            if "{" + name + "}" in ep.path
-        ]
-        if ep.path.endswith("/stream"):
-            params.append({"name": "cursor", "in": "query", "schema": {"type": "integer"}})
-            params.append({"name": "name", "in": "query", "schema": {"type": "string"}})
-        if ep.path.endswith("/events"):
-            params.append({"name": "since", "in": "query", "schema": {"type": "integer"}})
-        responses: dict[str, Any] = {
-            "200": {
-                "description": "OK",
-                "content": {
-                    CONTENT_TYPE if ep.path.endswith("/stream") else "application/json": {}
-                },
-            }
-        }
-        for cls in ERROR_TABLE.values():
-            responses.setdefault(
+        params: list[dict[str, Any]] = []
+        if "{sid}" in ep.path:
+            params.append(
+                {"name": "sid", "in": "path", "required": True, "schema": {"type": "string"}}
+            )
+        if "{pid}" in ep.path:
+            params.append(
+                {
+                    "name": "pid",
+                    "in": "path",
+                    "required": True,
+                    "schema": {"type": "integer", "minimum": -_MAX_PID, "maximum": _MAX_PID},
+                }
+            )
+        if ep.query is not None:
+            query = components[ep.query.__name__]
+            params += [
+                {"name": name, "in": "query", "required": False, "schema": _not_null(schema)}
+                for name, schema in query["properties"].items()
+            ]
+        if ep.response is None:
+            content: dict[str, Any] = {CONTENT_TYPE: {}}
+        elif ep.response is dict:
+            content = {"application/json": {"schema": {"type": "object"}}}
+        else:
+            content = {"application/json": {"schema": refs[repr(ep.response)]}}
+        responses: dict[str, Any] = {str(ep.status): {"description": "OK", "content": content}}
+        for cls in ep.all_errors():
+            described = responses.setdefault(
                 str(cls.status),
                 {
-                    "description": cls.__doc__ or cls.code,
-                    "content": {"application/json": {"schema": error}},
+                    "description": "",
+                    "content": {
+                        "application/json": {"schema": {"$ref": _REF.format(name="Error")}}
+                    },
                 },
             )
-        paths.setdefault(ep.path, {})[ep.method.lower()] = {
+            line = f"`{cls.code}`: {(cls.__doc__ or '').strip().splitlines()[0]}"
+            described["description"] = "\n".join(filter(None, [described["description"], line]))
+        operation: dict[str, Any] = {
             "summary": ep.summary,
             "operationId": _operation_id(ep),
             "parameters": params,
             "responses": responses,
             "security": [{"bearer": []}],
         }
+        if ep.description:
+            operation["description"] = ep.description
+        if ep.body is not None:
+            operation["requestBody"] = {
+                "required": False,
+                "content": {"application/json": {"schema": refs[repr(ep.body)]}},
+            }
+        paths.setdefault(ep.path, {})[ep.method.lower()] = operation
     return {
         "openapi": "3.1.0",
         "info": {"title": "sandboxkit daemon", "version": __version__},
         "paths": paths,
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-            "schemas": {
-                "Error": {
-                    "type": "object",
-                    "required": ["code", "message"],
-                    "properties": {
-                        "code": {"type": "string", "enum": sorted(ERROR_TABLE)},
-                        "message": {"type": "string"},
-                        "details": {"type": "object"},
-                    },
-                }
-            },
+            "schemas": components,
         },
     }
 
@@ -412,19 +650,33 @@ def _openapi(endpoints: list[_Endpoint]) -> dict[str, Any]:
 # -- errors and auth -----------------------------------------------------------------
 
 
-def _error_response(exc: SandboxkitError) -> JSONResponse:
-    return JSONResponse(exc.to_wire(), status_code=exc.status)
+def _error_response(exc: SandboxkitError) -> Response:
+    headers = {"connection": "close"} if isinstance(exc, PayloadTooLarge) else None
+    return JsonResponse(exc.to_wire(), status_code=exc.status, headers=headers)
 
 
-async def _sandboxkit_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, SandboxkitError)
-    return _error_response(exc)
+def _guarded(handler: Handler, host: Host) -> Handler:
+    """Typed errors become their response here, inside the route: the response is
+    complete and the kept-alive connection stays valid. Anything else is a bug, answered
+    with a typed 500 and recorded in the journal — never an exception that tears the
+    connection down."""
+
+    async def run(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except SandboxkitError as exc:
+            return _error_response(exc)
+        except Exception as exc:
+            host.journal.record("api.error", reason=type(exc).__name__, error=repr(exc)[:500])
+            return _error_response(SandboxkitError(f"internal error: {type(exc).__name__}"))
+
+    return run
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     body = {"code": "http_error", "message": str(exc.detail), "details": {}}
-    return JSONResponse(body, status_code=exc.status_code)
+    return JsonResponse(body, status_code=exc.status_code)
 
 
 class BearerAuth:
@@ -456,10 +708,12 @@ def create_app(host: Host, token: str | None) -> ASGIApp:
         finally:
             await host.close()
 
-    routes = [Route(ep.path, ep.handler, methods=[ep.method]) for ep in api.endpoints()]
+    routes = [
+        Route(ep.path, _guarded(ep.handler, host), methods=[ep.method]) for ep in api.endpoints()
+    ]
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
-        exception_handlers={SandboxkitError: _sandboxkit_error, HTTPException: _http_error},
+        exception_handlers={HTTPException: _http_error},
     )
     return BearerAuth(app, token)

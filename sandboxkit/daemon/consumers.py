@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import re
 import time
 from typing import Any, Literal, Protocol
 
@@ -14,20 +15,63 @@ from sandboxkit.daemon.config import DaemonConfig
 from sandboxkit.daemon.events import EventJournal
 from sandboxkit.daemon.fanout import Fanout, Feed
 from sandboxkit.daemon.output_log import Chunk, OutputLog
-from sandboxkit.errors import ConsumerKicked, SandboxkitError
+from sandboxkit.errors import ConsumerKicked, InvalidArgument, SandboxkitError
 from sandboxkit.wire import FrameKind, encode_frame
 
-__all__ = ["BLOCKED_AFTER", "Consumer", "ConsumerState", "FrameSink", "StreamSource"]
+__all__ = [
+    "BLOCKED_AFTER",
+    "CONSUMER_STATES",
+    "DEFAULT_ROLE",
+    "ROLE_PATTERN",
+    "STARVED_AFTER",
+    "Consumer",
+    "ConsumerState",
+    "FrameSink",
+    "StreamSource",
+    "check_role",
+]
 
-ConsumerState = Literal["streaming", "blocked", "kicked", "closed"]
+ConsumerState = Literal["streaming", "blocked", "starved", "kicked", "closed"]
+
+CONSUMER_STATES: dict[str, str] = {
+    "streaming": "attached and keeping up: its sends complete, or there is nothing to send",
+    "blocked": "its own send has not completed for a while: its transport (the peer, the "
+    "socket) takes no more bytes",
+    "starved": "output it has not received has been waiting for a while, yet it is not "
+    "sending: something else holds its data back (under the lab's blocking and kick "
+    "policies, the shared loop stuck on another consumer)",
+    "kicked": "closed by the daemon because it made no progress; its lag is frozen at the kick",
+    "closed": "detached (the client left or the output ended); its lag is frozen at close",
+}
+"""Every consumer state and what it means (documented in the OpenAPI document too)."""
 
 BLOCKED_AFTER = 0.2
 """A send that has not completed after this many seconds shows the consumer as blocked."""
 
+STARVED_AFTER = 0.2
+"""Output pending this many seconds while the consumer is not sending shows it as starved."""
+
+DEFAULT_ROLE = "sdk"
+"""The role of a consumer whose client did not name one."""
+
+ROLE_PATTERN = re.compile(r"[a-z0-9_-]{1,32}")
+"""A role is a short label the client chooses (``panel``, ``sdk``, ``chart``, ...)."""
+
+
+def check_role(role: str | None) -> str:
+    """``role``, or the default; InvalidArgument unless it is 1-32 of ``[a-z0-9_-]``."""
+    if role is None:
+        return DEFAULT_ROLE
+    if not isinstance(role, str) or ROLE_PATTERN.fullmatch(role) is None:
+        raise InvalidArgument("role must be 1 to 32 characters of a-z, 0-9, _ and -", field="role")
+    return role
+
+
 KICK_FRAME_TIMEOUT = 0.1
 """How long a kicked consumer's transport gets to accept the ``kicked`` error frame."""
 
-_COALESCE_BYTES = 64 * 1024
+_BACKPRESSURE = 0.005
+"""A send that took this long (seconds) waited for the transport to drain."""
 
 _ids = itertools.count(1)
 
@@ -67,11 +111,6 @@ class StreamSource(Protocol):
         """``{"process_state": ..., "sandbox_state": ...}`` for keepalive frames."""
 
 
-class _Kicked(Exception):
-    def __init__(self, blocked_for: float) -> None:
-        self.blocked_for = blocked_for
-
-
 class Consumer:
     """One reader of one process's output, with its own cursor and metrics."""
 
@@ -84,9 +123,12 @@ class Consumer:
         *,
         name: str | None = None,
         peer: str | None = None,
+        role: str | None = None,
     ) -> None:
         self.consumer_id = f"c{next(_ids)}"
         self.name = name or self.consumer_id
+        self.role = check_role(role)
+        """Who reads: a label the client gives (``sdk`` by default, ``panel``, ...)."""
         self.peer = peer
         self.source = source
         self.cursor = source.log.first_seq if cursor is None else cursor
@@ -99,22 +141,31 @@ class Consumer:
         self.closed_at: float | None = None
         self.close_reason: str | None = None
         self._sending_since: float | None = None
+        self._waiting = False
         self._final_state: ConsumerState | None = None
+        self._final_lag: tuple[int, int] | None = None
         self._task: asyncio.Task[Any] | None = None
         self._feed: Feed | None = None
         self._relay: _Relay | None = None
         self._kick_request: tuple[str, float] | None = None
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._coalesce = config.send_batch // 2
         self.ghost = False
-        """True once a pause snapshot turned this consumer into a ghost."""
+        """True once a pause snapshot turned this consumer into a ghost (its transport is
+        then a socket whose peer never reads, see :mod:`sandboxkit.daemon.ghost`)."""
 
     # -- metrics ---------------------------------------------------------------------
 
     @property
     def state(self) -> ConsumerState:
-        """``streaming``, ``blocked`` (a send is stuck), ``kicked`` or ``closed``."""
+        """One of :data:`CONSUMER_STATES`: ``streaming``; ``blocked`` (its own send is
+        stuck); ``starved`` (its output waits, yet it is not sending: held back by someone
+        else); ``kicked`` or ``closed`` (final)."""
         if self._final_state is not None:
             return self._final_state
-        return "blocked" if self.blocked_since is not None else "streaming"
+        if self.blocked_since is not None:
+            return "blocked"
+        return "starved" if self.starved_since is not None else "streaming"
 
     @property
     def blocked_since(self) -> float | None:
@@ -125,28 +176,65 @@ class Consumer:
         return since if time.monotonic() - since >= BLOCKED_AFTER else None
 
     @property
+    def starved_since(self) -> float | None:
+        """Wall-clock time its oldest pending output was written, if the consumer is
+        waiting for its feed (not sending) and that output has waited ``STARVED_AFTER``.
+
+        Under the ``cursor`` policy a consumer never waits while output is pending (it
+        reads the log itself), so this shows only consumers fed by someone else."""
+        if not self._waiting or self._final_state is not None:
+            return None
+        log = self.source.log
+        since = log.ts_of(max(self.cursor, log.first_seq))
+        if since is None:  # nothing pending
+            return None
+        return since if time.time() - since >= STARVED_AFTER else None
+
+    @property
     def lag_bytes(self) -> int:
-        """Bytes the process wrote that this consumer's transport has not accepted yet."""
+        """Bytes the process wrote that this consumer's transport has not accepted yet
+        (for a closed or kicked consumer: at the moment it ended, no longer changing)."""
+        if self._final_lag is not None:
+            return self._final_lag[0]
         log = self.source.log
         return log.total_bytes - log.offset_of(self.cursor)
 
+    @property
+    def head(self) -> int:
+        """The log's head (for a closed or kicked consumer: when it ended)."""
+        return self._final_lag[1] if self._final_lag is not None else self.source.log.head
+
     def metrics(self) -> dict[str, Any]:
-        """A JSON-ready snapshot of this consumer."""
+        """A JSON-ready snapshot of this consumer (the rows of ``GET /consumers``)."""
         blocked = self.blocked_since
+        starved = None if blocked is not None else self.starved_since
+        state: ConsumerState
+        if self._final_state is not None:
+            state = self._final_state
+        else:
+            state = (
+                "blocked"
+                if blocked is not None
+                else "starved"
+                if starved is not None
+                else "streaming"
+            )
         return {
             "consumer_id": self.consumer_id,
             "name": self.name,
+            "role": self.role,
             "sandbox_id": self.source.sandbox_id,
             "pid": self.source.pid,
             "peer": self.peer,
             "ghost": self.ghost,
             "cursor": self.cursor,
-            "head": self.source.log.head,
+            "head": self.head,
             "lag_bytes": self.lag_bytes,
             "bytes_sent": self.bytes_sent,
             "frames_sent": self.frames_sent,
-            "state": self.state,
+            "state": state,
             "blocked_since": None if blocked is None else _wall(blocked),
+            "starved_since": starved,
             "last_send": self.last_send,
             "attached_at": self.attached_at,
             "closed_at": self.closed_at,
@@ -165,9 +253,6 @@ class Consumer:
         reason = "end"
         try:
             await self._stream(relay, feed)
-        except _Kicked as kicked:
-            reason = "kicked"
-            await self._kick(relay, "stalled", kicked.blocked_for)
         except asyncio.CancelledError:
             if self._kick_request is None:
                 reason = "detached"
@@ -179,6 +264,8 @@ class Consumer:
             reason = exc.code
             await self._try_send(relay, encode_frame(FrameKind.ERROR, exc.to_wire()))
         finally:
+            if self._watchdog is not None:
+                self._watchdog.cancel()
             feed.close()
             self._finish("kicked" if reason == "kicked" else "closed", reason)
             await relay.close()
@@ -222,7 +309,11 @@ class Consumer:
         batch_limit = self.config.send_batch
         keepalive = self.config.keepalive_interval
         while True:
-            pulled = await feed.pull(self.cursor, batch_limit, keepalive)
+            self._waiting = True
+            try:
+                pulled = await feed.pull(self.cursor, batch_limit, keepalive)
+            finally:
+                self._waiting = False
             gap = pulled.gap
             if gap is not None:
                 self._record(
@@ -268,36 +359,76 @@ class Consumer:
                 )
 
     async def _send_chunks(self, sink: FrameSink, chunks: list[Chunk]) -> None:
-        # Small frames are coalesced into one send; big ones go out as they are, since
-        # copying them into a joined buffer would cost more than the extra send.
+        # Frames are coalesced into one send of up to ``_coalesce`` payload bytes: the
+        # Python cost of a send (the server's chunked encoding, the ASGI wrappers, this
+        # bookkeeping) is per call, so several 64 KiB frames in one send cost far less
+        # than one send each, the join's copy included (benchmarks/compare.py).
+        limit = self._coalesce
         batch: list[Chunk] = []
         size = 0
         for chunk in chunks:
-            if batch and size + len(chunk.frame) > _COALESCE_BYTES:
+            if batch and size + chunk.size > limit:
                 await self._send_batch(sink, batch)
                 batch, size = [], 0
             batch.append(chunk)
-            size += len(chunk.frame)
+            size += chunk.size
         if batch:
             await self._send_batch(sink, batch)
 
     async def _send_batch(self, sink: FrameSink, batch: list[Chunk]) -> None:
-        data = batch[0].frame if len(batch) == 1 else b"".join(c.frame for c in batch)
+        parts: list[bytes] = []
+        for chunk in batch:
+            parts += (chunk.head, chunk.data)
+        data = b"".join(parts)
         await self._send(sink, data, frames=len(batch))
         self.cursor = batch[-1].seq + 1
 
     async def _send(self, sink: FrameSink, data: bytes, frames: int = 1) -> None:
-        started = time.monotonic()
-        self._sending_since = started
+        self._sending_since = started = time.monotonic()
+        if self._watchdog is None:
+            self._arm_watchdog(started)
         try:
-            await within(sink.send(data), self._feed.stall_timeout if self._feed else None)
-        except TimeoutError:
-            raise _Kicked(time.monotonic() - started) from None
+            await sink.send(data)
         finally:
             self._sending_since = None
+        took = time.monotonic() - started
+        if took >= _BACKPRESSURE and self._feed is not None and self._feed.stall_timeout:
+            # The transport made this send wait: size the next ones to what it drains in
+            # a quarter of the stall timeout, so a slow reader's sends stay short and it
+            # shows progress as often as with one frame per send (it is never kicked for
+            # reading slowly), while a fast one gets up to ``send_batch`` per send.
+            drained = len(data) / took * self._feed.stall_timeout / 4
+            self._coalesce = int(min(self.config.send_batch, drained))
         self.bytes_sent += len(data)
         self.frames_sent += frames
         self.last_send = time.time()
+
+    # A send that makes no progress for ``stall_timeout`` gets the consumer kicked. Not a
+    # timeout per send (a timer scheduled and cancelled on every call, 6-10 % of the
+    # daemon's CPU at full rate): one timer per consumer, armed by a send when none is
+    # pending, that on firing checks the send in flight and re-arms for its deadline.
+    def _arm_watchdog(self, since: float) -> None:
+        timeout = self._feed.stall_timeout if self._feed else None
+        if timeout is None:
+            return
+        loop = asyncio.get_running_loop()
+        self._watchdog = loop.call_at(
+            loop.time() + timeout - (time.monotonic() - since), self._watch
+        )
+
+    def _watch(self) -> None:
+        self._watchdog = None
+        since = self._sending_since
+        if since is None or self._final_state is not None:
+            return  # not sending: the next send arms it again
+        timeout = self._feed.stall_timeout if self._feed else None
+        if timeout is None:
+            return
+        blocked_for = time.monotonic() - since
+        if blocked_for >= timeout:
+            self.kick("stalled", blocked_for)
+        else:
+            self._arm_watchdog(since)
 
     async def _kick(self, sink: FrameSink, reason: str, blocked_for: float) -> None:
         self._record(
@@ -324,6 +455,7 @@ class Consumer:
     def _finish(self, state: ConsumerState, reason: str) -> None:
         if self._final_state is not None:
             return
+        self._final_lag = (self.lag_bytes, self.source.log.head)
         self._final_state = state
         self.closed_at = time.time()
         self.close_reason = reason
@@ -338,6 +470,7 @@ class Consumer:
             reason=reason,
             consumer_id=self.consumer_id,
             name=self.name,
+            role=self.role,
             **data,
         )
 

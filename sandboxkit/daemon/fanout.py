@@ -124,11 +124,11 @@ class _QueueFeed(Feed):
         except TimeoutError:
             return Pull()
         items = [first]
-        size = len(first.frame) if isinstance(first, Chunk) else 0
+        size = first.frame_size if isinstance(first, Chunk) else 0
         while size < max_bytes and not self.queue.empty() and items[-1] is not _END:
             item = self.queue.get_nowait()
             items.append(item)
-            size += len(item.frame) if isinstance(item, Chunk) else 0
+            size += item.frame_size if isinstance(item, Chunk) else 0
         chunks = [i for i in items if isinstance(i, Chunk)]
         return Pull(chunks=chunks, ended=items[-1] is _END)
 

@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from sandboxkit.daemon.config import DaemonConfig
-from sandboxkit.daemon.consumers import Consumer, FrameSink
+from sandboxkit.daemon.consumers import Consumer, FrameSink, check_role
 from sandboxkit.daemon.events import EventJournal
 from sandboxkit.daemon.process import ManagedProcess
+from sandboxkit.daemon.recovery import ROOT_PREFIX, claim_root, recover
 from sandboxkit.daemon.sandbox import OnTimeout, Sandbox
 from sandboxkit.daemon.tree import ProcessTree, make_process_tree
 from sandboxkit.errors import InvalidArgument, SandboxNotFound, SandboxPaused
@@ -33,8 +34,10 @@ class Host:
         self.sandboxes: dict[str, Sandbox] = {}
         self.started_at = time.time()
         self._own_root = self.config.root_dir is None
-        self.root = Path(self.config.root_dir or tempfile.mkdtemp(prefix="sandboxkit-"))
+        self.root = Path(self.config.root_dir or tempfile.mkdtemp(prefix=ROOT_PREFIX))
         self.root.mkdir(parents=True, exist_ok=True)
+        if self._own_root:
+            claim_root(self.root)
         self._housekeeper: asyncio.Task[None] | None = None
         self._streams: set[asyncio.Task[None]] = set()
         self.closing = False
@@ -47,8 +50,16 @@ class Host:
         await self.close()
 
     async def start(self) -> None:
-        """Start housekeeping (idle timeouts, result TTLs)."""
+        """End what dead daemons left behind (see :mod:`~sandboxkit.daemon.recovery`),
+        then start housekeeping (idle timeouts, result TTLs)."""
         if self._housekeeper is None:
+            try:
+                reports = await asyncio.to_thread(recover)
+            except Exception as exc:  # best effort: never keep the daemon from serving
+                self.journal.record("host.error", reason="recovery", error=repr(exc))
+                reports = []
+            for report in reports:
+                self.journal.record("host.recovered", reason="dead_daemon", **report)
             self._housekeeper = asyncio.get_running_loop().create_task(self._housekeeping())
 
     async def close(self) -> None:
@@ -152,14 +163,19 @@ class Host:
         *,
         name: str | None = None,
         peer: str | None = None,
+        role: str | None = None,
     ) -> Consumer:
-        """Register a consumer of ``process`` at ``cursor`` (``None``: oldest retained)."""
+        """Register a consumer of ``process`` at ``cursor`` (``None``: oldest retained),
+        labelled ``role`` (1-32 of ``[a-z0-9_-]``; default ``sdk``)."""
+        role = check_role(role)
         if cursor is not None and (cursor < 0 or cursor > process.log.head):
             raise InvalidArgument(
                 f"cursor {cursor} is outside 0..{process.log.head} (the head)",
                 field="cursor",
             )
-        consumer = Consumer(process, cursor, self.config, self.journal, name=name, peer=peer)
+        consumer = Consumer(
+            process, cursor, self.config, self.journal, name=name, peer=peer, role=role
+        )
         process.consumers[consumer.consumer_id] = consumer
         closed = [c for c in process.consumers.values() if c.closed_at is not None]
         for old in closed[:-_CLOSED_CONSUMERS_KEPT]:
@@ -185,7 +201,9 @@ class Host:
             raise
 
     def consumers(self, sandbox_id: str | None = None) -> list[dict[str, Any]]:
-        """Metrics of every consumer (attached, and recently closed or kicked)."""
+        """Metrics of every consumer (attached, and recently closed or kicked): one row
+        per consumer, see :meth:`Consumer.metrics` and
+        :data:`~sandboxkit.daemon.consumers.CONSUMER_STATES`."""
         sandboxes = [self.get(sandbox_id)] if sandbox_id else list(self.sandboxes.values())
         return [
             c.metrics()

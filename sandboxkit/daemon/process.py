@@ -22,9 +22,9 @@ from sandboxkit.daemon.fanout import Fanout, make_fanout
 from sandboxkit.daemon.output_log import OutputLog
 from sandboxkit.daemon.stdin import StdinLedger
 from sandboxkit.daemon.tree import ProcessTree
-from sandboxkit.errors import InvalidArgument
+from sandboxkit.errors import InvalidArgument, StdinBusy
 
-__all__ = ["ManagedProcess", "ProcessSpec"]
+__all__ = ["ManagedProcess", "ProcessSpec", "check_exec_size"]
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,13 @@ class _Capture(asyncio.SubprocessProtocol):
     def pipe_data_received(self, fd: int, data: bytes) -> None:
         self._process.capture("stdout" if fd == 1 else "stderr", data)
 
+    # The stdin pipe's flow control (asyncio routes it to the subprocess protocol).
+    def pause_writing(self) -> None:
+        self._process.stdin_drained.clear()
+
+    def resume_writing(self) -> None:
+        self._process.stdin_drained.set()
+
     def process_exited(self) -> None:
         if not self.exited.done():
             self.exited.set_result(None)
@@ -80,6 +87,22 @@ class _Capture(asyncio.SubprocessProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.pipes_closed.done():
             self.pipes_closed.set_result(None)
+
+
+class _PtyWriter(asyncio.BaseProtocol):
+    """Flow control of a PTY's input side, like the stdin pipe's."""
+
+    def __init__(self, process: ManagedProcess) -> None:
+        self._process = process
+
+    def pause_writing(self) -> None:
+        self._process.stdin_drained.clear()
+
+    def resume_writing(self) -> None:
+        self._process.stdin_drained.set()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._process.stdin_drained.set()
 
 
 class _PtyReader(asyncio.Protocol):
@@ -113,6 +136,53 @@ def _widen_pipes(transport: asyncio.SubprocessTransport) -> None:
                 fcntl.fcntl(handle.fileno(), set_size, _PIPE_SIZE)
 
 
+_COALESCE_UNREAD = 4096
+"""Small writes nobody has read yet join one chunk up to this size (see OutputLog)."""
+
+_MAX_ARG_STRLEN = 128 * 1024
+"""Linux refuses (E2BIG) any single argv or environment string this long, NUL included."""
+
+
+def _arg_max() -> int:
+    try:
+        return int(os.sysconf("SC_ARG_MAX"))
+    except (OSError, ValueError):
+        return 128 * 1024
+
+
+def check_exec_size(argv: list[str], env: dict[str, str], *, argv_field: str = "argv") -> None:
+    """InvalidArgument unless ``execve`` can take ``argv`` and ``env``: every string under
+    the kernel's per-string limit and all of them (with their pointers) under ARG_MAX.
+    Checked before spawning, so a too-long command is a 422, not a failed fork."""
+    total = 0
+    for arg in argv:
+        size = len(arg.encode("utf-8", "surrogateescape")) + 1
+        if size > _MAX_ARG_STRLEN:
+            raise InvalidArgument(
+                f"an argument of {size} bytes is over the kernel's limit", field=argv_field
+            )
+        total += size + 8
+    argv_total = total
+    for key, value in env.items():
+        size = (
+            len(key.encode("utf-8", "surrogateescape"))
+            + len(value.encode("utf-8", "surrogateescape"))
+            + 2
+        )
+        if size > _MAX_ARG_STRLEN:
+            raise InvalidArgument(
+                f"environment variable {key[:40]!r} is over the kernel's limit", field="envs"
+            )
+        total += size + 8
+    # Headroom for the loader's own use of the stack (auxv, the file name, alignment).
+    if total > _arg_max() - 8192:
+        field = argv_field if argv_total > total - argv_total else "envs"
+        raise InvalidArgument(
+            f"argument list and environment are {total} bytes, over the system's limit",
+            field=field,
+        )
+
+
 def _default_fanout(config: DaemonConfig) -> Callable[[OutputLog], Fanout]:
     return lambda log: make_fanout(config.fanout, log, config, grace=config.kick_grace)
 
@@ -133,7 +203,9 @@ class ManagedProcess:
         self.spec = spec
         self.config = config
         self.journal = journal
-        self.log = OutputLog(config.retention_bytes)
+        self.log = OutputLog(
+            config.retention_bytes, charge_overhead=True, coalesce=_COALESCE_UNREAD
+        )
         self.fanout: Fanout = (fanout or _default_fanout(config))(self.log)
         self.pid = -1
         self.started_at = time.time()
@@ -144,8 +216,15 @@ class ManagedProcess:
         self._sandbox_state = sandbox_state
         self._transport: asyncio.SubprocessTransport | None = None
         self._pty_master: int | None = None
-        self._stdin = StdinLedger(-1)
+        self._stdin = StdinLedger(
+            -1, ttl=config.stdin_session_ttl, max_sessions=config.stdin_sessions
+        )
         self._stdin_closed = False
+        self._stdin_pipe: asyncio.WriteTransport | None = None
+        self._stdin_lock = asyncio.Lock()
+        self.stdin_drained = asyncio.Event()
+        """Set while nothing waits in the daemon's stdin buffer for this process."""
+        self.stdin_drained.set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._done = asyncio.Event()
 
@@ -157,6 +236,7 @@ class ManagedProcess:
         cwd = self._cwd(workdir)
         env = {**os.environ, **base_env, **self.spec.envs}
         argv = tree.launch_prefix() + self.spec.command_line()
+        check_exec_size(argv, env, argv_field="argv" if self.spec.argv is not None else "cmd")
         capture = _Capture(self)
         pty_reader: _PtyReader | None = None
         try:
@@ -173,6 +253,9 @@ class ManagedProcess:
                         env=env,
                         start_new_session=True,
                     )
+                except BaseException:
+                    os.close(master)
+                    raise
                 finally:
                     os.close(slave)
                 self._pty_master = master
@@ -181,6 +264,12 @@ class ManagedProcess:
                     lambda: pty_reader,
                     os.fdopen(os.dup(master), "rb", buffering=0),
                 )
+                # Input through a transport too: buffered without blocking the loop, and
+                # bounded like a pipe's (the master is non-blocking once the reader has it).
+                writer, _ = await loop.connect_write_pipe(
+                    lambda: _PtyWriter(self), os.fdopen(os.dup(master), "wb", buffering=0)
+                )
+                self._stdin_pipe = writer
             else:
                 transport, _ = await loop.subprocess_exec(
                     lambda: capture,
@@ -189,15 +278,23 @@ class ManagedProcess:
                     env=env,
                     start_new_session=True,
                 )
-        except FileNotFoundError as exc:
-            raise InvalidArgument(f"cannot execute: {exc}", field="cmd") from None
-        except PermissionError as exc:
-            raise InvalidArgument(f"cannot execute: {exc}", field="cmd") from None
+        except OSError as exc:
+            # Not found, not permitted, not an executable, too long (E2BIG): the request's
+            # fault, refused with nothing started.
+            field = "cwd" if isinstance(exc, NotADirectoryError) else "cmd"
+            raise InvalidArgument(f"cannot execute: {exc}", field=field) from None
         self._transport = transport
         _widen_pipes(transport)
+        if self._stdin_pipe is None:
+            self._stdin_pipe = transport.get_pipe_transport(0)  # type: ignore[assignment]
+        if self._stdin_pipe is not None:
+            # Paused while anything is buffered, resumed once it all went to the child.
+            self._stdin_pipe.set_write_buffer_limits(high=0, low=0)
         self.pid = transport.get_pid()
         self._stdin.pid = self.pid
-        tree.add(self.pid)
+        # Off the event loop: the first pid written into a new cgroup takes 9-13 ms (the
+        # kernel's cgroup migration), during which every stream of the daemon would wait.
+        await asyncio.to_thread(tree.add, self.pid)
         self.started_at = time.time()
         self._own(self._watch_exit(capture, pty_reader))
         if self.spec.timeout is not None:
@@ -243,6 +340,9 @@ class ManagedProcess:
         await self.kill(reason="timeout")
 
     def _close_transports(self) -> None:
+        if self._stdin_pipe is not None and self._pty_master is not None:
+            self._stdin_pipe.abort()
+        self.stdin_drained.set()
         if self._transport is not None:
             self._transport.close()
         if self._pty_master is not None:
@@ -303,28 +403,72 @@ class ManagedProcess:
 
     # -- stdin -----------------------------------------------------------------------
 
-    def write_stdin(self, session: str, seq: int, data: bytes) -> dict[str, Any]:
+    async def write_stdin(self, session: str, seq: int, data: bytes) -> dict[str, Any]:
         """Apply stdin batch ``seq`` of ``session`` exactly once, in order (see
-        :class:`StdinLedger`)."""
-        if seq >= self._stdin.expected(session):
-            if not self.running:
-                raise InvalidArgument("the process has exited", field="pid")
-            if self._stdin_closed:
-                raise InvalidArgument("stdin is closed", field="stdin")
-        return self._stdin.apply(session, seq, data, self._write)
+        :class:`StdinLedger`).
+
+        Backpressure: at most ``stdin_buffer`` bytes wait in the daemon for a child that
+        does not read. A batch that does not fit waits up to ``stdin_wait`` for the child
+        to drain them, then is refused with the retryable StdinBusy — not written, not
+        recorded, so the writer sends the same batch again later. Batches of one process
+        are applied one at a time, so a resend arriving while the original waits is a
+        duplicate, never a second write."""
+        async with self._stdin_lock:
+            if seq >= self._stdin.expected(session):
+                self._check_stdin_open()
+                if seq == self._stdin.expected(session) and data:
+                    await self._stdin_room(len(data))
+                    self._check_stdin_open()
+            return self._stdin.apply(session, seq, data, self._write)
+
+    def _check_stdin_open(self) -> None:
+        if not self.running:
+            raise InvalidArgument("the process has exited", field="pid")
+        if self._stdin_closed:
+            raise InvalidArgument("stdin is closed", field="stdin")
+
+    @property
+    def stdin_buffered(self) -> int:
+        """Bytes written to stdin that the process has not read yet (daemon side)."""
+        pipe = self._stdin_pipe
+        if pipe is None or pipe.is_closing():
+            return 0
+        return pipe.get_write_buffer_size()
+
+    async def _stdin_room(self, size: int) -> None:
+        limit = self.config.stdin_buffer
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.stdin_wait
+        while True:
+            buffered = self.stdin_buffered
+            if buffered == 0 or buffered + size <= limit:
+                return
+            remaining = deadline - loop.time()
+            if remaining <= 0 or not self.running:
+                raise StdinBusy(
+                    f"process {self.pid} is not reading its stdin: {buffered} bytes wait "
+                    f"(limit {limit}); send this batch again later",
+                    pid=self.pid,
+                    buffered=buffered,
+                    limit=limit,
+                )
+            drained = asyncio.ensure_future(self.stdin_drained.wait())
+            exited = asyncio.ensure_future(self._done.wait())
+            try:
+                await asyncio.wait(
+                    {drained, exited}, timeout=remaining, return_when="FIRST_COMPLETED"
+                )
+            finally:
+                for waiter in (drained, exited):
+                    waiter.cancel()
+                await asyncio.gather(drained, exited, return_exceptions=True)
 
     def _write(self, data: bytes) -> None:
-        if self._pty_master is not None:
-            view = memoryview(data)
-            while view:
-                written = os.write(self._pty_master, view)
-                view = view[written:]
-            return
-        assert self._transport is not None
-        pipe = self._transport.get_pipe_transport(0)
+        pipe = self._stdin_pipe
         if pipe is None or pipe.is_closing():
             raise InvalidArgument("stdin is closed", field="stdin")
-        pipe.write(data)  # type: ignore[attr-defined]
+        if data:
+            pipe.write(data)
 
     def close_stdin(self) -> None:
         """Close the process's stdin (EOF); for a PTY, send the EOF character."""
@@ -332,13 +476,13 @@ class ManagedProcess:
             self._stdin_closed = True
             return
         self._stdin_closed = True
-        if self._pty_master is not None:
-            os.write(self._pty_master, b"\x04")
+        pipe = self._stdin_pipe
+        if pipe is None or pipe.is_closing():
             return
-        assert self._transport is not None
-        pipe = self._transport.get_pipe_transport(0)
-        if pipe is not None:
-            pipe.close()
+        if self._pty_master is not None:
+            pipe.write(b"\x04")
+            return
+        pipe.close()
 
     # -- views -----------------------------------------------------------------------
 
@@ -371,4 +515,7 @@ class ManagedProcess:
             "total_bytes": self.log.total_bytes,
             "evicted_bytes": self.log.evicted_bytes,
             "consumers": sum(1 for c in self.consumers.values() if c.closed_at is None),
+            "stdin_buffered": self.stdin_buffered,
+            "stdin_limit": self.config.stdin_buffer,
+            "stdin_sessions": len(self._stdin),
         }

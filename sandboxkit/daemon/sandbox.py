@@ -88,12 +88,25 @@ class Sandbox:
         self.last_activity = time.monotonic()
 
     def idle_expired(self, now: float) -> bool:
-        """True if the idle timeout has run out while running."""
-        return (
-            self.state == "running"
-            and self.timeout is not None
-            and now - self.last_activity >= self.timeout
-        )
+        """True if the idle timeout has run out while running. A stream someone reads is
+        activity too: a sandbox being watched is not forgotten (ghosts do not count)."""
+        if self.state != "running" or self.timeout is None:
+            return False
+        if any(
+            c.closed_at is None and not c.ghost
+            for p in self.processes.values()
+            for c in p.consumers.values()
+        ):
+            self.last_activity = now
+            return False
+        return now - self.last_activity >= self.timeout
+
+    def set_timeout(self, timeout: float | None) -> None:
+        """Change the idle timeout (``None``: never) and restart its clock."""
+        if timeout is not None and timeout <= 0:
+            raise InvalidArgument("timeout must be positive", field="timeout")
+        self.timeout = timeout
+        self.touch()
 
     # -- processes -------------------------------------------------------------------
 

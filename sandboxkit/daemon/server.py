@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import ipaddress
 import os
 import secrets
 import socket
+import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +21,11 @@ import uvicorn
 from sandboxkit._version import __version__
 from sandboxkit.daemon.app import create_app
 from sandboxkit.daemon.config import DaemonConfig
+from sandboxkit.daemon.envd import EnvdServer
 from sandboxkit.daemon.host import Host
 from sandboxkit.statefile import DaemonState, remove_state, write_state
 
-__all__ = ["SEND_BUFFER", "DaemonServer"]
+__all__ = ["SEND_BUFFER", "DaemonServer", "UnsafeBind", "is_loopback"]
 
 SEND_BUFFER = 128 * 1024
 """Kernel send buffer of every connection (the kernel may double it).
@@ -31,6 +35,40 @@ writer only after about a third of the send buffer drained. An autotuned buffer 
 megabytes, so a consumer reading steadily but slowly (say 300 KB/s) would show no progress
 for seconds and be kicked like a ghost; a bounded buffer keeps its progress visible every
 few tens of KB, and bounds the bytes a ghost's connection pins."""
+
+
+def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The loop the daemon serves on: uvloop for ``uvloop``, or for ``auto`` when it is
+    installed (Python 3.11+); ``None``: asyncio's own."""
+    if choice not in ("auto", "asyncio", "uvloop"):
+        raise ValueError(f"event_loop must be auto, asyncio or uvloop, not {choice!r}")
+    if choice == "asyncio" or sys.version_info < (3, 11):
+        return None
+    try:
+        import uvloop  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        if choice == "uvloop":
+            raise
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
+
+
+class UnsafeBind(ValueError):
+    """Refused: no bearer token on an address other machines can reach."""
+
+
+def is_loopback(host: str) -> bool:
+    """True if every address ``host`` names is a loopback address."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
 
 
 class _Server(uvicorn.Server):
@@ -66,12 +104,26 @@ class DaemonServer:
         port: int = 0,
         token: str | None = "",
         state_path: Path | None = None,
+        allow_unauthenticated_network: bool = False,
+        envd_port: int | None = None,
     ) -> None:
-        """``token=""`` generates a random token; ``token=None`` disables auth."""
+        """``token=""`` generates a random token; ``token=None`` disables auth, which is
+        refused (:class:`UnsafeBind`) on a non-loopback ``bind`` unless
+        ``allow_unauthenticated_network``: anyone who can reach it could run commands."""
+        if token is None and not is_loopback(bind) and not allow_unauthenticated_network:
+            raise UnsafeBind(
+                f"refusing to serve on {bind} without a bearer token: anyone who can reach "
+                "it could run commands (to do it anyway: "
+                "--i-understand-anyone-can-run-commands)"
+            )
         self.config = config or DaemonConfig()
         self.token = secrets.token_urlsafe(24) if token == "" else token
         self.state_path = state_path
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # proto=IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on an accepted socket only when
+        # its ``proto`` says TCP. Without it Nagle holds uvicorn's second write (the body)
+        # until the client's delayed ACK, and every request takes ~44 ms.
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         # Accepted connections inherit it (Linux, BSD, macOS).
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
@@ -81,13 +133,20 @@ class DaemonServer:
         self.bind, self.port = self._sock.getsockname()[:2]
         self.url = f"http://{self.bind}:{self.port}"
         self.host = Host(self.config)
+        # The envd-compatible endpoint for the e2b SDK (off unless asked for): its own port.
+        self.envd = (
+            EnvdServer(self.host, bind=self.bind, port=envd_port, token=self.token)
+            if envd_port is not None
+            else None
+        )
         self._server = _Server(
             uvicorn.Config(
                 create_app(self.host, self.token),
                 log_level="warning",
                 access_log=False,
                 lifespan="on",
-                loop="asyncio",
+                loop="asyncio",  # the loop is chosen by run() (see event_loop_factory)
+                http=self.config.http,
                 timeout_graceful_shutdown=max(1, int(self.config.shutdown_drain)),
             ),
             self,
@@ -100,13 +159,22 @@ class DaemonServer:
 
     def run(self) -> None:
         """Serve until SIGINT/SIGTERM (from the main thread) or :meth:`stop`."""
-        asyncio.run(self.serve())
+        factory = event_loop_factory(self.config.event_loop)
+        if factory is None:
+            asyncio.run(self.serve())
+        else:
+            with asyncio.Runner(loop_factory=factory) as runner:  # type: ignore[attr-defined,unused-ignore]
+                runner.run(self.serve())
 
     async def serve(self) -> None:
         """Serve on the running loop until asked to stop."""
+        envd = asyncio.ensure_future(self.envd.serve()) if self.envd else None
         try:
             await self._server.serve(sockets=[self._sock])
         finally:
+            if envd is not None and self.envd is not None:
+                self.envd.stop()
+                await asyncio.gather(envd, return_exceptions=True)
             self._unpublish()
             self._sock.close()
 

@@ -54,6 +54,7 @@ __all__ = [
     "cgroup_v2_available",
     "make_process_tree",
     "process_is_frozen",
+    "reap_dead_daemons",
 ]
 
 logger = logging.getLogger(__name__)
@@ -356,6 +357,85 @@ def _remove_stale_parents(base: Path) -> None:
             continue
         if _rmdir_tree(entry):
             logger.debug("removed stale cgroup %s", entry)
+
+
+def _dead_daemon(pid: int) -> bool:
+    st = _read_stat(pid)
+    return (
+        pid != os.getpid()
+        and not (st is not None and st.alive)
+        and not (_pid_alive_elsewhere(pid, st))
+    )
+
+
+def _cgroup_pids(root: Path) -> set[int]:
+    pids: set[int] = set()
+    for dirpath, _dirs, _files in os.walk(root):
+        with contextlib.suppress(OSError, ValueError):
+            text = (Path(dirpath) / "cgroup.procs").read_text()
+            pids.update(int(line) for line in text.split())
+    return pids
+
+
+def _empty_cgroup(root: Path, timeout: float) -> int:
+    """Thaw, kill and wait out every process below ``root``; returns how many there were."""
+    found = _cgroup_pids(root)
+    for dirpath, _dirs, _files in os.walk(root):
+        with contextlib.suppress(OSError):
+            (Path(dirpath) / "cgroup.freeze").write_text("0")
+    deadline = time.monotonic() + timeout
+    while True:
+        pids = _cgroup_pids(root)
+        found |= pids
+        if not pids or time.monotonic() >= deadline:
+            return len(found)
+        killed = False
+        with contextlib.suppress(OSError):
+            (root / "cgroup.kill").write_text("1")
+            killed = True
+        if not killed:
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, _signal.SIGKILL)
+        time.sleep(_POLL_INTERVAL)
+
+
+def reap_dead_daemons(timeout: float = 2.0) -> list[dict[str, object]]:
+    """Find the cgroups of daemons that died without cleaning up (SIGKILL, OOM, a power
+    cut of the container), thaw and kill every process in them — setsid'd grandchildren
+    included, since nothing leaves a cgroup — and remove them.
+
+    Returns one report per dead daemon found (empty without a usable cgroup2 freezer: the
+    ``signals`` backend has no place where a successor could find orphans).
+    """
+    base = _cgroup_base()
+    if base is None:
+        return []
+    reports: list[dict[str, object]] = []
+    try:
+        entries = list(base.iterdir())
+    except OSError:
+        return []
+    for entry in entries:
+        match = _PARENT_RE.match(entry.name)
+        if match is None or not entry.is_dir() or not _dead_daemon(int(match.group(1))):
+            continue
+        sandboxes = 0
+        with contextlib.suppress(OSError):
+            sandboxes = sum(1 for child in entry.iterdir() if child.is_dir())
+        killed = _empty_cgroup(entry, timeout)
+        removed = _rmdir_tree(entry)
+        if killed or sandboxes:
+            reports.append(
+                {
+                    "daemon_pid": int(match.group(1)),
+                    "cgroup": str(entry),
+                    "sandboxes": sandboxes,
+                    "processes_killed": killed,
+                    "cgroup_removed": removed,
+                }
+            )
+    return reports
 
 
 def _cleanup_at_exit() -> None:

@@ -32,7 +32,8 @@ GHOST_KINDS = ("pause-snapshot", "leaky", "frozen", "none")
 
 
 def _request(url: str, token: str | None, sandbox_id: str, pid: int, name: str) -> bytes:
-    path = f"/sandboxes/{sandbox_id}/processes/{pid}/stream?name={name}"
+    # role=ghost: consumer metrics (and the notebook's chart) tell the lab's ghosts apart.
+    path = f"/sandboxes/{sandbox_id}/processes/{pid}/stream?name={name}&role=ghost"
     auth = f"Authorization: Bearer {token}\r\n" if token else ""
     host = urlsplit(url).netloc
     return f"GET {path} HTTP/1.1\r\nHost: {host}\r\n{auth}\r\n".encode()

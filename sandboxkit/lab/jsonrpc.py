@@ -117,7 +117,9 @@ class JsonRpcClient:
         if self._handle is not None:
             raise RuntimeError("the client is already started")
         self.started_at = time.monotonic()
-        handle = await self.sbx.commands.connect(self.pid, self.cursor, on_stdout=self.feed)
+        handle = await self.sbx.commands.connect(
+            self.pid, self.cursor, on_stdout=self.feed, lines=False
+        )
         self._handle = handle
         # The handle's task ends with the stream (exit, error or disconnect); a callback,
         # not a watcher task, so nothing is left to cancel.

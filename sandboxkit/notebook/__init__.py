@@ -1,8 +1,10 @@
-"""Notebook widgets (ipywidgets 8) over the sandboxkit client.
+"""Notebook widgets (ipywidgets 8 + anywidget) over the sandboxkit client.
 
 Thin layer: state and throttling live in plain Python classes that tests drive without a
-browser; the widgets only render. Every name is imported on first use, so that importing
-:mod:`sandboxkit.notebook` stays cheap::
+browser; the widgets only render. The terminal (xterm.js) and the charts (uPlot) are
+drawn in the browser by each widget's own ``.js`` module beside it, with the libraries
+vendored under ``static/`` (see ``_frontend.py``). Every name is imported on first use, so
+that importing :mod:`sandboxkit.notebook` stays cheap::
 
     from sandboxkit.notebook import ProcessPanel, BackpressureChart, LifecycleTimeline
     from sandboxkit.notebook import SandboxDashboard, StallLab

@@ -24,14 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import logging
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
-
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
 from sandboxkit._compat import within
 from sandboxkit.client.loop_thread import LoopThread, shared_loop_thread
@@ -43,8 +39,6 @@ __all__ = [
     "Runtime",
     "Ticker",
     "async_sandbox",
-    "figure_png",
-    "new_figure",
     "running_loop",
 ]
 
@@ -74,21 +68,6 @@ def running_loop() -> asyncio.AbstractEventLoop | None:
 def async_sandbox(sbx: AnySandbox) -> AsyncSandbox:
     """The :class:`AsyncSandbox` behind ``sbx`` (itself, for an async one)."""
     return sbx.async_sandbox if isinstance(sbx, Sandbox) else sbx
-
-
-def new_figure(width: float = 7.0, height: float = 3.0) -> Figure:
-    """A pyplot-free figure with an Agg canvas: nothing registered globally, no backend
-    switched, safe to render from any thread that owns it."""
-    fig = Figure(figsize=(width, height), layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def figure_png(fig: Figure, dpi: int = 80) -> bytes:
-    """Render ``fig`` to PNG bytes (for an ``ipywidgets.Image``)."""
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=dpi, facecolor="white")
-    return buffer.getvalue()
 
 
 def _retrieve(task: asyncio.Task[Any]) -> None:
@@ -146,7 +125,7 @@ class Runtime:
                 )
             self._thread = None
         elif isinstance(sbx, Sandbox):
-            self._thread = sbx._loop
+            self._thread = sbx.loop_thread
         else:
             self._thread = shared_loop_thread()
         self.sandbox: AsyncSandbox | None = None if sbx is None else async_sandbox(sbx)

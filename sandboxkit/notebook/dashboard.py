@@ -35,6 +35,7 @@ from sandboxkit.client.sandbox import AsyncSandbox
 from sandboxkit.client.sync import Sandbox
 from sandboxkit.errors import InvalidArgument, SandboxkitError, SandboxNotFound
 from sandboxkit.notebook._runtime import Runtime
+from sandboxkit.notebook._widget import close_tree
 
 __all__ = ["PROCESS_COLUMNS", "SANDBOX_COLUMNS", "DashboardState", "SandboxDashboard"]
 
@@ -75,15 +76,32 @@ class DashboardState:
 _Tables = tuple[list[SandboxInfo], list[ProcessInfo]]
 
 
+_COMMAND_WIDTH = 90
+
+TABLE_STYLE = (
+    "<style>"
+    ".sandboxkit-table{border-collapse:collapse;font-size:12px;margin:4px 0}"
+    ".sandboxkit-table th{background:#f2f2f2;text-align:left;padding:3px 10px;"
+    "border-bottom:1px solid #ccc;font-weight:600}"
+    ".sandboxkit-table td{padding:3px 10px;border-bottom:1px solid #eee;"
+    "font-family:ui-monospace,monospace;white-space:pre}"
+    ".sandboxkit-table tr:hover td{background:#fafafa}"
+    "</style>"
+)
+"""Scoped styles of the dashboard's tables (class ``sandboxkit-table``)."""
+
+
 def _command(info: ProcessInfo) -> str:
-    if info.cmd is not None:
-        return info.cmd
-    return shlex.join(info.argv or [])
+    """The command as a person reads it: one line (a multi-line ``-c`` script shows its
+    lines joined with ``⏎``, never ``\\n`` escapes), cut to a readable width."""
+    text = info.cmd if info.cmd is not None else shlex.join(info.argv or [])
+    text = " ⏎ ".join(line.strip() for line in text.splitlines() if line.strip())
+    return text if len(text) <= _COMMAND_WIDTH else text[: _COMMAND_WIDTH - 1] + "…"
 
 
 def _loop_of(sbx: Sandbox) -> LoopThread:
     """The loop thread a sync sandbox runs its I/O on."""
-    loop = getattr(sbx, "_loop", None)
+    loop = getattr(sbx, "loop_thread", None)
     return loop if isinstance(loop, LoopThread) else shared_loop_thread()
 
 
@@ -477,12 +495,16 @@ class SandboxDashboard:
         self.start_button.disabled = not running
 
         self.sandbox_table.value = (
-            sandboxes.to_html(index=False, escape=True, border=0)
+            TABLE_STYLE
+            + sandboxes.to_html(index=False, escape=True, border=0, classes="sandboxkit-table")
             if len(sandboxes)
             else "<i>no sandboxes</i>"
         )
         self.table.value = (
-            processes.to_html(index=False, escape=True, border=0, na_rep="")
+            TABLE_STYLE
+            + processes.to_html(
+                index=False, escape=True, border=0, na_rep="", classes="sandboxkit-table"
+            )
             if len(processes)
             else "<i>no processes</i>"
         )
@@ -504,6 +526,7 @@ class SandboxDashboard:
             return
         self._closed = True
         self._runtime.close(self._close_clients())
+        close_tree(self.widget)
 
     async def aclose(self) -> None:
         """:meth:`close`, awaiting every task it stops."""
@@ -512,6 +535,7 @@ class SandboxDashboard:
             return
         self._closed = True
         await self._runtime.aclose(self._close_clients())
+        close_tree(self.widget)
 
     async def _close_clients(self) -> None:
         """On the loop thread: close every client the dashboard opened."""

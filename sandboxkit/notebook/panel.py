@@ -1,53 +1,54 @@
-"""``ProcessPanel``: a live, throttled tail of one process, with its repair buttons.
+"""``ProcessPanel``: a live terminal of one process, with its repair buttons.
 
 Public API (for the other notebook modules, tests and users)::
 
     from sandboxkit.notebook import ProcessPanel, PanelState
-    panel = ProcessPanel(sbx, pid, cursor=None, max_lines=500, stall_after=5.0,
-                         flush_hz=10.0)   # sbx: a sync Sandbox or an AsyncSandbox
+    panel = ProcessPanel(sbx, pid, cursor=None, stall_after=5.0, flush_hz=10.0,
+                         rate_cap=256 * 1024, scrollback=5000, rows=20,
+                         tail_bytes=256 * 1024)   # sbx: a sync Sandbox or an AsyncSandbox
     panel                      # displays panel.widget (a VBox, CSS class sandboxkit-panel)
     panel.pid                  # the process followed now (changes on Kill-restart)
-    panel.lines                # retained complete lines (newest last, at most max_lines)
+    panel.lines                # complete lines of the kernel's byte tail (ANSI stripped)
     panel.line_count           # complete lines received in total (since the last restart)
-    panel.state                # the PanelState (plain Python, thread-safe): cursor, head,
-                               # process_state, sandbox_state, exit_code, attached, error,
-                               # version, stalled(), snapshot()
+    panel.state                # the PanelState (plain Python, thread-safe)
     panel.on_reattach()        # disconnect, reconnect from the cursor: no loss, no dup
     panel.on_kill_restart()    # commands.restart(pid); follow the NEW pid from cursor 0
     panel.on_pause_resume()    # pause / resume the sandbox; the button label follows
     panel.on_detach()          # stop following (the process keeps running)
-    panel.on_send_stdin(text=None)  # text (default: the stdin box, then cleared) + "\n"
-    panel.flush()              # push state into the widgets now (only what changed)
+    panel.on_send_stdin(text=None)  # text (default: the stdin box, then cleared) + "\\n"
+    panel.flush()              # send the front end what changed now (one message at most)
     panel.close()              # cancel tasks, disconnect, close widgets (idempotent)
     await panel.aclose()       # the same, awaiting every task (use it on a running loop)
     panel.tasks                # owned tasks still running (0 after a completed close)
-    panel.flushes              # how many flushes changed the tail's value
+    panel.flushes              # messages sent to the front end
 
-    Widgets: panel.widget (VBox), panel.tail (HTML), panel.status (HTML),
+    Widgets: panel.widget (VBox), panel.terminal (the anywidget: xterm.js + status line),
     panel.buttons["Reattach" | "Kill-restart" | "Pause" | "Detach" | "Send"]
     (panel.pause_button is buttons["Pause"], labelled "Pause" or "Resume"),
     panel.stdin_box (Text), panel.send_button.
+
+What goes to the browser (the front end is ``panel.js``, xterm.js inside an anywidget): only
+new bytes, as binary buffers of anywidget custom messages, at most ``flush_hz`` messages a
+second *including* the status line, which rides along only when something a person reads
+changed (:class:`DeltaPump`). Beyond ``rate_cap`` bytes a second the newest output is
+shown after a marker ``… N bytes skipped (cursor a–b)``: the kernel keeps at most one
+flush's worth pending, so it never builds a backlog. A (re)rendered view asks for a
+snapshot (the kernel's byte tail, bounded by ``tail_bytes``) and then applies deltas. The
+browser keeps ``scrollback`` lines. Every buffer here is bounded in bytes.
 
 Each handler runs its client calls on the sandbox's loop. Without a running event loop
 in the calling thread (a plain script, a sync test) it blocks until done, flushes and
 returns ``None``; inside a running loop (a Jupyter kernel, an async test) it returns an
 owned ``asyncio.Task`` at once (await it to wait; it flushes when done); called from
 another thread while the kernel loop runs, it hands the action to that loop and returns
-``None``. Actions are serialised. Errors are shown in the status line (``state.error``)
-and raised from the call / the awaited task.
+``None``. Actions are serialised, and each bumps the state's ``epoch``: a poll that began
+before an action never writes its result after it. Errors are shown in the status line
+(``state.error``) and raised from the call / the awaited task.
 
-CSS classes (for browser tests): the top box ``sandboxkit-panel``; the tail, one
-``ipywidgets.HTML`` whose value is the whole ring buffer in one ``<pre>`` (stderr lines
-in a red ``<span>``), ``sandboxkit-tail``; the status line ``sandboxkit-status``, whose
-text reads ``pid <n> · <state> · cursor <c> · [head <h> ·] lines <line_count> · <rate> ·
-last byte <age>`` (plus ``detached``, ``exit <code>``, ``error: ...`` when they apply)
-and, when stalled, ends with a ``<span class="sandboxkit-stalled">STALLED</span>`` badge.
-
-Threading: stream callbacks run on the sandbox's loop and only feed the
-:class:`PanelState` (under its lock). Widget values are set only by :meth:`ProcessPanel.flush`,
-on the kernel thread: by a ticker on the kernel loop at most ``flush_hz`` times a second,
-and only when the state's version changed (so 1000 lines/s cost at most ``flush_hz``
-comm messages a second) — or, with no running loop, by explicit ``flush()`` calls.
+The status line (CSS class ``sandboxkit-status``) reads ``pid <n> · <state> · cursor <c> ·
+[head <h> ·] lines <line_count> · <rate>`` (plus ``detached``, ``exit <code>``,
+``error: ...`` when they apply); the browser appends ``last byte <age>`` by itself, and a
+``<span class="sandboxkit-stalled">STALLED</span>`` badge when stalled.
 
 The STALLED badge: the process is alive (running or paused), the panel is attached,
 output is pending (the daemon's head, polled every second from the sandbox's consumer
@@ -60,7 +61,7 @@ an access, so it would restart the sandbox's idle timer every second and, with
 from __future__ import annotations
 
 import asyncio
-import html
+import re
 import threading
 import time
 from collections import deque
@@ -68,39 +69,55 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+import anywidget
 import ipywidgets as widgets  # type: ignore[import-untyped, unused-ignore]
+import traitlets
 
 from sandboxkit.client.commands import AsyncCommandHandle
+from sandboxkit.client.stream import GapInfo
 from sandboxkit.errors import CommandExitError
-from sandboxkit.notebook._runtime import AnySandbox, Runtime
+from sandboxkit.notebook._frontend import css, esm
+from sandboxkit.notebook._runtime import AnySandbox
+from sandboxkit.notebook._widget import WidgetBase
 
-__all__ = ["PanelSnapshot", "PanelState", "ProcessPanel"]
+__all__ = ["DeltaPump", "PanelSnapshot", "PanelState", "ProcessPanel", "TerminalWidget"]
 
 STREAMS = ("stdout", "stderr")
 _RATE_WINDOW = 2.0
-_MAX_PARTIAL = 64 * 1024
 _POLL_INTERVAL = 1.0
-_STDERR_STYLE = "color:#c0392b"
+_STDERR_ON = b"\x1b[31m"
+_SGR_OFF = b"\x1b[0m"
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+DEFAULT_RATE_CAP = 256 * 1024
+DEFAULT_TAIL_BYTES = 256 * 1024
+DEFAULT_SCROLLBACK = 5000
 
 
 def _display_line(line: str) -> str:
     """A carriage return rewrites the line in a terminal: show what remains visible."""
+    line = _ANSI.sub("", line)
     if "\r" in line:
         line = line.rstrip("\r").rsplit("\r", 1)[-1]
     return line
 
 
+def _from_line_start(data: bytes | bytearray) -> bytes:
+    """``data`` from just after its first newline (a cut in the middle of a line, an
+    escape sequence or a UTF-8 character would garble the first row), or all of it when it
+    holds no newline."""
+    nl = data.find(b"\n")
+    return bytes(data[nl + 1 :]) if nl >= 0 else bytes(data)
+
+
 @dataclass(frozen=True)
 class PanelSnapshot:
-    """One consistent view of a :class:`PanelState`: what the widgets render."""
+    """One consistent view of a :class:`PanelState`: what the status line shows."""
 
     pid: int
     version: int
-    lines_version: int
-    entries: tuple[tuple[str, str], ...]
-    """Retained complete lines as ``(stream, text)``, oldest first."""
-    partial: tuple[tuple[str, str], ...]
-    """Unterminated tails of stdout / stderr, if any."""
+    generation: int
+    """Bumped by :meth:`PanelState.reset` (a Kill-restart)."""
     line_count: int
     bytes_received: int
     rate: float
@@ -115,40 +132,45 @@ class PanelSnapshot:
     attached: bool
     error: str | None
     stalled: bool
+    skipped: int
+    """Bytes not sent to the browser (rate cap) since the panel started."""
 
     @property
-    def text(self) -> str:
-        """The tail as plain text (stderr lines included, unmarked)."""
-        return "\n".join(_display_line(t) for _, t in self.entries + self.partial)
+    def shown_state(self) -> str:
+        """The process state a person should read (a paused sandbox pauses its processes)."""
+        if self.process_state in (None, "running") and self.sandbox_state == "paused":
+            return "paused"
+        return self.process_state or "connecting"
 
     @property
-    def status(self) -> str:
-        """The status line as plain text (``STALLED`` at the end when stalled)."""
-        parts = [f"pid {self.pid}", self.process_state or "connecting"]
+    def status_line(self) -> str:
+        """The status line without the age and the badge (what the kernel sends)."""
+        parts = [f"pid {self.pid}", self.shown_state]
         if self.exit_code is not None:
             parts.append(f"exit {self.exit_code}")
-        if self.sandbox_state == "paused" and self.process_state != "paused":
-            parts.append("sandbox paused")
         parts.append(f"cursor {'-' if self.cursor is None else self.cursor}")
         if self.head is not None:
             parts.append(f"head {self.head}")
         parts.append(f"lines {self.line_count}")
         parts.append(_format_rate(self.rate))
-        parts.append("no output yet" if self.age is None else f"last byte {self.age:.0f}s ago")
         if not self.attached:
             parts.append("detached")
         if self.error:
             parts.append(f"error: {self.error}")
-        if self.stalled:
-            parts.append("STALLED")
         return " · ".join(parts)
+
+    @property
+    def status(self) -> str:
+        """The whole status line as plain text (``STALLED`` at the end when stalled)."""
+        age = "no output yet" if self.age is None else f"last byte {self.age:.0f}s ago"
+        return f"{self.status_line} · {age}" + (" · STALLED" if self.stalled else "")
 
 
 def _format_rate(rate: float) -> str:
     if rate >= 1024 * 1024:
         return f"{rate / (1024 * 1024):.1f} MB/s"
     if rate >= 1024:
-        return f"{rate / 1024:.1f} kB/s"
+        return f"{rate / 1024:.0f} kB/s"
     return f"{rate:.0f} B/s"
 
 
@@ -157,33 +179,45 @@ class PanelState:
 
     Stream callbacks feed it from the sandbox's loop (:meth:`feed_stdout`,
     :meth:`feed_stderr`); the panel's poll updates the process facts
-    (:meth:`update_process`); the widget layer reads :meth:`snapshot`. Every change bumps
-    :attr:`version` (and a change to the lines, :attr:`lines_version`), so a flush can skip
-    unchanged state. ``clock`` (monotonic seconds) is injectable for tests.
+    (:meth:`update_process`); the kernel side takes what to send (:meth:`take_output`,
+    :meth:`tail`, :meth:`snapshot`). Output is kept twice, both bounded in bytes: a tail
+    of ``tail_bytes`` for views that (re)render, and the bytes not yet sent, at most
+    ``max_pending`` — older pending bytes are dropped and counted, so a flood costs the
+    kernel no backlog. ``clock`` (monotonic seconds) is injectable for tests.
     """
 
     def __init__(
         self,
         pid: int,
         *,
-        max_lines: int = 500,
+        tail_bytes: int = DEFAULT_TAIL_BYTES,
+        max_pending: int = DEFAULT_RATE_CAP // 10,
         stall_after: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if max_lines < 1:
-            raise ValueError("max_lines must be at least 1")
-        self.max_lines = max_lines
+        if tail_bytes < 1024 or max_pending < 1024:
+            raise ValueError("tail_bytes and max_pending must be at least 1024")
+        self.tail_bytes = tail_bytes
+        self.max_pending = max_pending
         self.stall_after = stall_after
         self.clock = clock
         self._lock = threading.Lock()
         self.version = 0
-        self.lines_version = 0
+        self.generation = 0
+        self.epoch = 0
+        """Bumped when an action starts: polls begun before it are discarded."""
+        self.skipped_total = 0
         self._reset(pid)
 
     def _reset(self, pid: int) -> None:
         self.pid = pid
-        self._entries: deque[tuple[str, str]] = deque(maxlen=self.max_lines)
-        self._partial: dict[str, str] = {s: "" for s in STREAMS}
+        self._tail = bytearray()
+        self._tail_cut = False
+        self._pending = bytearray()
+        self._pending_at = 0  # stream position of the first pending byte
+        self._skipped = 0
+        self._skip_range: tuple[int, int] | None = None
+        self._pos = 0
         self.line_count = 0
         self.bytes_received = 0
         self.chunks = 0
@@ -203,25 +237,47 @@ class PanelState:
         if self.head is not None and cursor > self.head:
             self.head = cursor  # we received it, so the daemon's head is at least here
 
-    def _bump(self, lines: bool = False) -> None:
+    def _bump(self) -> None:
         self.version += 1
-        if lines:
-            self.lines_version += 1
 
     # -- writers ---------------------------------------------------------------------
 
     def reset(self, pid: int) -> None:
-        """Forget everything: a new process (after a restart) starts from scratch."""
+        """Forget everything: a new process (after a restart) starts from scratch. Bytes
+        not yet sent stay pending (the browser still shows the old process's output)."""
         with self._lock:
+            pending, at = self._pending, self._pending_at
             self._reset(pid)
-            self._bump(lines=True)
+            self._pending, self._pending_at = pending, at
+            self.generation += 1
+            self._bump()
+
+    def begin_action(self) -> int:
+        """A new epoch: results of polls started before now are dropped."""
+        with self._lock:
+            self.epoch += 1
+            return self.epoch
+
+    def _append(self, data: bytes, start: int) -> None:
+        """Add display bytes to the tail and to the pending bytes (both bounded)."""
+        self._tail += data
+        excess = len(self._tail) - self.tail_bytes
+        if excess > 0:
+            del self._tail[:excess]
+            self._tail_cut = True
+        if not self._pending:
+            self._pending_at = start
+        self._pending += data
+        excess = len(self._pending) - self.max_pending
+        if excess > 0:
+            skip_from = self._pending_at if self._skip_range is None else self._skip_range[0]
+            del self._pending[:excess]
+            self._skipped += excess
+            self._pending_at += excess
+            self._skip_range = (skip_from, self._pending_at)
 
     def feed(self, stream: str, text: str, cursor: int | None = None) -> None:
-        """Add decoded output of ``stream``; ``cursor`` is the stream's cursor after it.
-
-        Lines may span chunks: an unterminated tail waits for its newline (and is shown
-        meanwhile). A tail longer than 64 KiB is cut into a line of its own.
-        """
+        """Add decoded output of ``stream``; ``cursor`` is the stream's cursor after it."""
         stream = "stderr" if stream == "stderr" else "stdout"
         now = self.clock()
         with self._lock:
@@ -230,23 +286,20 @@ class PanelState:
             if not text:
                 self._bump()
                 return
-            size = len(text.encode("utf-8", "surrogateescape"))
+            data = text.encode("utf-8", "surrogateescape")
+            size = len(data)
+            end = cursor if cursor is not None and cursor >= self._pos + size else self._pos + size
+            start, self._pos = end - size, end
             self.bytes_received += size
             self.chunks += 1
+            self.line_count += data.count(b"\n")
             self.last_byte_at = now
             self._recent.append((now, size))
             self._trim_recent(now)
-            buffered = self._partial[stream] + text
-            parts = buffered.split("\n")
-            tail = parts.pop()
-            while len(tail) > _MAX_PARTIAL:
-                parts.append(tail[:_MAX_PARTIAL])
-                tail = tail[_MAX_PARTIAL:]
-            self._partial[stream] = tail
-            for line in parts:
-                self._entries.append((stream, line[:-1] if line.endswith("\r") else line))
-            self.line_count += len(parts)
-            self._bump(lines=True)
+            if stream == "stderr":
+                data = _STDERR_ON + data + _SGR_OFF
+            self._append(data, start)
+            self._bump()
 
     def feed_stdout(self, text: str, cursor: int | None = None) -> None:
         """:meth:`feed` for stdout (usable as an ``on_stdout`` callback)."""
@@ -256,6 +309,15 @@ class PanelState:
         """:meth:`feed` for stderr (usable as an ``on_stderr`` callback)."""
         self.feed("stderr", text, cursor)
 
+    def note(self, text: str) -> None:
+        """Show a line of the panel's own (a restart marker) in the terminal, dimmed."""
+        with self._lock:
+            data = b"\r\n\x1b[2m" + text.encode() + b"\x1b[0m\r\n"
+            if not self._pending:
+                self._pending_at = self._pos
+            self._pending += data  # the browser's only: not process output, not in the tail
+            self._bump()
+
     def set_attached(self, attached: bool, cursor: int | None = None) -> None:
         """Record that the panel (re)attached (silence counts from now) or detached."""
         with self._lock:
@@ -264,6 +326,7 @@ class PanelState:
                 self.attached_at = self.clock()
             if cursor is not None:
                 self._set_cursor(cursor)
+                self._pos = max(self._pos, cursor)
             self._bump()
 
     def update_process(
@@ -274,10 +337,16 @@ class PanelState:
         head: int | None = None,
         cursor: int | None = None,
         exit_code: int | None = None,
-    ) -> None:
+        epoch: int | None = None,
+        pid: int | None = None,
+    ) -> bool:
         """Record polled facts; only the given ones change. ``head`` never goes back
-        (the daemon's head is monotonic per process)."""
+        (the daemon's head is monotonic per process). With ``epoch`` (or ``pid``) the
+        facts are dropped — False returned — if an action began since (or the panel
+        follows another process now): a stale poll never overwrites an action's result."""
         with self._lock:
+            if (epoch is not None and epoch != self.epoch) or (pid is not None and pid != self.pid):
+                return False
             before = (self.process_state, self.sandbox_state, self.head, self.cursor)
             before_exit = self.exit_code
             if state is not None:
@@ -293,6 +362,7 @@ class PanelState:
             after = (self.process_state, self.sandbox_state, self.head, self.cursor)
             if after != before or self.exit_code != before_exit:
                 self._bump()
+            return True
 
     def set_error(self, error: str | None) -> None:
         """Show (or clear, with ``None``) an error in the status line."""
@@ -301,13 +371,37 @@ class PanelState:
                 self.error = error
                 self._bump()
 
+    # -- what to send ------------------------------------------------------------------
+
+    def take_output(self) -> bytes:
+        """The pending display bytes (emptied): a skip marker first when the rate cap
+        dropped some, then the newest output from a line start."""
+        with self._lock:
+            data, self._pending = bytes(self._pending), bytearray()
+            skipped, self._skipped = self._skipped, 0
+            skip_range, self._skip_range = self._skip_range, None
+            if not skipped:
+                return data
+            kept = _from_line_start(data)
+            cut = len(data) - len(kept)
+            skipped += cut
+            a, b = skip_range if skip_range is not None else (self._pos, self._pos)
+            self.skipped_total += skipped
+            marker = f"\r\n\x1b[33m… {skipped} bytes skipped (cursor {a}–{b + cut})\x1b[0m\r\n"
+            return marker.encode() + kept
+
+    def tail(self) -> bytes:
+        """The kept byte tail (at most ``tail_bytes``), from a line start if it was cut."""
+        with self._lock:
+            return _from_line_start(self._tail) if self._tail_cut else bytes(self._tail)
+
     # -- readers ---------------------------------------------------------------------
 
     @property
     def lines(self) -> list[str]:
-        """The retained complete lines, oldest first."""
-        with self._lock:
-            return [text for _, text in self._entries]
+        """Complete lines of the byte tail, as a terminal shows them (ANSI stripped)."""
+        text = self.tail().decode("utf-8", "replace")
+        return [_display_line(line) for line in text.split("\n")[:-1]]
 
     def _trim_recent(self, now: float) -> None:
         while self._recent and now - self._recent[0][0] > _RATE_WINDOW:
@@ -322,13 +416,13 @@ class PanelState:
         with self._lock:
             return self._rate(self.clock() if now is None else now)
 
-    def _pending(self) -> bool:
+    def _pending_output(self) -> bool:
         return self.head is not None and self.head > (self.cursor or 0)
 
     def _stalled(self, now: float) -> bool:
         if not self.attached or self.process_state not in ("running", "paused"):
             return False
-        if not self._pending():
+        if not self._pending_output():
             return False
         since = self.last_byte_at if self.last_byte_at is not None else self.attached_at
         if since is None:
@@ -344,16 +438,13 @@ class PanelState:
             return self._stalled(self.clock() if now is None else now)
 
     def snapshot(self, now: float | None = None) -> PanelSnapshot:
-        """A consistent copy of everything the widgets render."""
+        """A consistent copy of everything the status line shows."""
         with self._lock:
             now = self.clock() if now is None else now
-            partial = tuple((s, self._partial[s]) for s in STREAMS if self._partial[s])
             return PanelSnapshot(
                 pid=self.pid,
                 version=self.version,
-                lines_version=self.lines_version,
-                entries=tuple(self._entries),
-                partial=partial,
+                generation=self.generation,
                 line_count=self.line_count,
                 bytes_received=self.bytes_received,
                 rate=self._rate(now),
@@ -366,34 +457,87 @@ class PanelState:
                 attached=self.attached,
                 error=self.error,
                 stalled=self._stalled(now),
+                skipped=self.skipped_total,
             )
 
 
-def render_tail(snapshot: PanelSnapshot) -> str:
-    """The tail widget's HTML: every retained line in one ``<pre>``, newest at the bottom
-    and kept in view (a ``column-reverse`` box anchors its scroll position at the end)."""
-    rows = []
-    for stream, text in snapshot.entries + snapshot.partial:
-        line = html.escape(_display_line(text))
-        rows.append(f'<span style="{_STDERR_STYLE}">{line}</span>' if stream == "stderr" else line)
-    body = "\n".join(rows)
-    return (
-        '<div style="display:flex;flex-direction:column-reverse;max-height:24em;'
-        'overflow-y:auto;border:1px solid #ddd;background:#fafafa">'
-        '<pre style="margin:0;padding:4px;font-size:12px;line-height:1.3">'
-        f"{body}</pre></div>"
-    )
+def _status_message(snap: PanelSnapshot) -> dict[str, Any]:
+    age = None if snap.age is None else round(snap.age, 1)
+    return {"text": snap.status_line, "stalled": snap.stalled, "age": age}
 
 
-def render_status(snapshot: PanelSnapshot) -> str:
-    """The status widget's HTML (a STALLED badge span when stalled)."""
-    text = html.escape(snapshot.status.removesuffix(" · STALLED"))
-    if snapshot.stalled:
-        text += (
-            ' <span class="sandboxkit-stalled" style="background:#c0392b;color:white;'
-            'padding:0 6px;border-radius:3px;font-weight:bold">STALLED</span>'
+class DeltaPump:
+    """Decides what one flush sends: pending bytes and, only when a person would read
+    something new, the status — as one message (plain Python; tests drive it).
+
+    The status goes out at once when the state, pid, exit code, attachment, error or
+    STALLED badge changed, and for the counters (cursor, head, lines, rate) at most every
+    ``status_period`` seconds along with output, or every second on its own. The browser
+    ticks "last byte Ns ago" by itself.
+    """
+
+    def __init__(
+        self,
+        state: PanelState,
+        *,
+        status_period: float = 0.5,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.state = state
+        self.status_period = status_period
+        self.clock = clock or state.clock
+        self._key: tuple[Any, ...] | None = None
+        self._counters: tuple[Any, ...] | None = None
+        self._status_at = float("-inf")
+
+    def _status(self, snap: PanelSnapshot, now: float, with_data: bool) -> dict[str, Any] | None:
+        key = (
+            snap.pid,
+            snap.shown_state,
+            snap.exit_code,
+            snap.attached,
+            snap.error,
+            snap.stalled,
+            snap.age is None,
         )
-    return f'<span style="font-family:monospace;font-size:12px">{text}</span>'
+        counters = (snap.cursor, snap.head, snap.line_count, _format_rate(snap.rate))
+        urgent = key != self._key
+        # Counters ride along with output at most every status_period; alone (no output
+        # to carry them), at most every second: a message of its own costs an envelope.
+        period = self.status_period if with_data else max(1.0, self.status_period)
+        due = counters != self._counters and now - self._status_at >= period
+        if not (urgent or due):
+            return None
+        self._key, self._counters, self._status_at = key, counters, now
+        return _status_message(snap)
+
+    def next(self) -> tuple[dict[str, Any], list[bytes]] | None:
+        """The message to send now (``None``: nothing a person would see changed)."""
+        now = self.clock()
+        data = self.state.take_output()
+        status = self._status(self.state.snapshot(now), now, bool(data))
+        if not data and status is None:
+            return None
+        message: dict[str, Any] = {"type": "delta"}
+        if status is not None:
+            message["status"] = status
+        return message, [data] if data else []
+
+    def snapshot(self, view: str) -> tuple[dict[str, Any], list[bytes]]:
+        """What a (re)rendered view starts from: the byte tail and the whole status."""
+        snap = self.state.snapshot()
+        return {"type": "snapshot", "view": view, "status": _status_message(snap)}, [
+            self.state.tail()
+        ]
+
+
+class TerminalWidget(anywidget.AnyWidget):
+    """xterm.js in the browser (``panel.js``); fed by :class:`ProcessPanel`'s messages."""
+
+    _esm = esm("panel.js", "xterm", "addon-fit")
+    _css = css("xterm.css", "panel.css")
+    rows = traitlets.Int(20).tag(sync=True)
+    scrollback = traitlets.Int(DEFAULT_SCROLLBACK).tag(sync=True)
 
 
 class _Follower:
@@ -403,6 +547,7 @@ class _Follower:
         self.state = state
         self.handle: AsyncCommandHandle | None = None
         self.active = True
+        self.retiring = False  # being disconnected on purpose: its end is no error
         self.seen: tuple[str | None, str | None] = (None, None)
 
     def _cursor(self) -> int | None:
@@ -416,10 +561,27 @@ class _Follower:
         if self.active:
             self.state.feed("stderr", text, self._cursor())
 
+    def gap(self, gap: GapInfo) -> None:
+        """Output the daemon evicted before the panel read it: say so in the terminal."""
+        if self.active:
+            self.state.note(
+                f"… {gap.bytes_lost} bytes lost: evicted by the daemon before the panel "
+                f"read them (cursor {gap.cursor}–{gap.first_available})"
+            )
 
-class ProcessPanel:
-    """A live tail of process ``pid`` with Reattach / Kill-restart / Pause-Resume /
+    def stream_states(self) -> tuple[str | None, str | None]:
+        if self.handle is None:
+            return (None, None)
+        stream = self.handle.stream
+        return (stream.process_state, stream.sandbox_state)
+
+
+class ProcessPanel(WidgetBase):
+    """A live terminal of process ``pid`` with Reattach / Kill-restart / Pause-Resume /
     Detach buttons and a stdin box (see the module docstring for the whole API)."""
+
+    role = "panel"
+    """The consumer role this panel's stream announces to the daemon."""
 
     def __init__(
         self,
@@ -427,23 +589,35 @@ class ProcessPanel:
         pid: int,
         *,
         cursor: int | None = None,
-        max_lines: int = 500,
         stall_after: float = 5.0,
         flush_hz: float = 10.0,
+        rate_cap: int = DEFAULT_RATE_CAP,
+        scrollback: int = DEFAULT_SCROLLBACK,
+        rows: int = 20,
+        tail_bytes: int = DEFAULT_TAIL_BYTES,
     ) -> None:
-        self._rt = Runtime(sbx)
+        super().__init__(sbx)
         assert self._rt.sandbox is not None
         self._sbx = self._rt.sandbox
-        self.state = PanelState(pid, max_lines=max_lines, stall_after=stall_after)
+        if flush_hz <= 0 or rate_cap <= 0:
+            raise ValueError("flush_hz and rate_cap must be positive")
+        self.state = PanelState(
+            pid,
+            tail_bytes=tail_bytes,
+            max_pending=max(1024, int(rate_cap / flush_hz)),
+            stall_after=stall_after,
+        )
+        self.pump = DeltaPump(self.state)
         self.flush_hz = flush_hz
+        self.rate_cap = rate_cap
         self.poll_interval = _POLL_INTERVAL
         self.flushes = 0
-        """How many flushes changed the tail widget's value."""
+        """Messages sent to the front end."""
+        self.bytes_sent = 0
+        """Output bytes sent to the front end (deltas and snapshots)."""
         self._follower: _Follower | None = None
         self._action_lock = asyncio.Lock()  # used on the sandbox loop only
-        self._closed = False
-        self._flushed_lines = -1
-        self._build_widgets()
+        self._build_widgets(rows, scrollback)
         self.state.update_process(sandbox_state=self._sbx.info.state)
         self._rt.start_background(self._poll_loop(), name=f"sandboxkit-panel-poll-{pid}")
         self._starting = self._action(self._attach(cursor))
@@ -451,11 +625,9 @@ class ProcessPanel:
 
     # -- widgets ---------------------------------------------------------------------
 
-    def _build_widgets(self) -> None:
-        self.tail = widgets.HTML(value=render_tail(self.state.snapshot()))
-        self.tail.add_class("sandboxkit-tail")
-        self.status = widgets.HTML(value="")
-        self.status.add_class("sandboxkit-status")
+    def _build_widgets(self, rows: int, scrollback: int) -> None:
+        self.terminal = TerminalWidget(rows=rows, scrollback=scrollback)
+        self.terminal.on_msg(self._on_frontend_message)
         names = ("Reattach", "Kill-restart", "Pause", "Detach")
         self.buttons: dict[str, widgets.Button] = {
             name: widgets.Button(description=name, layout=widgets.Layout(width="auto"))
@@ -470,48 +642,47 @@ class ProcessPanel:
         self.send_button = widgets.Button(description="Send", layout=widgets.Layout(width="auto"))
         self.send_button.on_click(lambda _b: self.on_send_stdin())
         self.buttons["Send"] = self.send_button
-        self.widget = widgets.VBox(
-            [
-                self.status,
-                self.tail,
-                widgets.HBox(list(self.buttons.values())[:4]),
-                widgets.HBox([self.stdin_box, self.send_button]),
-            ]
-        )
+        button_row = widgets.HBox(list(self.buttons.values())[:4])
+        stdin_row = widgets.HBox([self.stdin_box, self.send_button])
+        self.widget = widgets.VBox([self.terminal, button_row, stdin_row])
         self.widget.add_class("sandboxkit-panel")
-
-    def _widgets(self) -> list[widgets.Widget]:
-        return [
-            self.tail,
-            self.status,
+        self.own(
             *self.buttons.values(),
             self.stdin_box,
-            *self.widget.children,
+            self.terminal,
+            button_row,
+            stdin_row,
             self.widget,
-        ]
+        )
+
+    def _send(self, message: tuple[dict[str, Any], list[bytes]]) -> None:
+        content, buffers = message
+        self.terminal.send(content, buffers)
+        self.flushes += 1
+        self.bytes_sent += sum(len(b) for b in buffers)
+
+    def _on_frontend_message(self, _widget: Any, content: Any, _buffers: Any) -> None:
+        """A view rendered (first display, a second display, a page reload): deltas up to
+        now go to the views that have them, then this view gets its snapshot."""
+        if self._closed or not isinstance(content, dict) or content.get("type") != "hello":
+            return
+        self.flush()
+        self._send(self.pump.snapshot(str(content.get("view", ""))))
 
     def flush(self) -> bool:
-        """Push the state into the widgets, setting only what changed; True when the
-        tail's value was set. Call on the kernel thread (the ticker does, ``flush_hz``
+        """Send the front end what changed since the last flush, as one message at most;
+        True if one was sent. Call on the kernel thread (the ticker does, ``flush_hz``
         times a second at most); with no running loop, call it yourself."""
         if self._closed:
             return False
-        snap = self.state.snapshot()
-        changed = False
-        if snap.lines_version != self._flushed_lines:
-            self._flushed_lines = snap.lines_version
-            value = render_tail(snap)
-            if value != self.tail.value:
-                self.tail.value = value
-                self.flushes += 1
-                changed = True
-        status = render_status(snap)
-        if status != self.status.value:
-            self.status.value = status
-        label = "Resume" if snap.sandbox_state == "paused" else "Pause"
+        label = "Resume" if self.state.sandbox_state == "paused" else "Pause"
         if self.pause_button.description != label:
             self.pause_button.description = label
-        return changed
+        message = self.pump.next()
+        if message is None:
+            return False
+        self._send(message)
+        return True
 
     # -- public attributes -------------------------------------------------------------
 
@@ -522,18 +693,13 @@ class ProcessPanel:
 
     @property
     def lines(self) -> list[str]:
-        """The retained complete lines (at most ``max_lines``), newest last."""
+        """Complete lines of the kept byte tail (as the terminal shows them), newest last."""
         return self.state.lines
 
     @property
     def line_count(self) -> int:
         """Complete lines received in total since the panel (re)started the process."""
         return self.state.line_count
-
-    @property
-    def tasks(self) -> int:
-        """Owned tasks still running (0 once closed)."""
-        return self._rt.tasks
 
     # -- handlers ----------------------------------------------------------------------
 
@@ -554,8 +720,10 @@ class ProcessPanel:
     async def _locked(self, coro: Coroutine[Any, Any, None]) -> None:
         try:
             async with self._action_lock:
+                self.state.begin_action()
                 self.state.set_error(None)
                 await coro
+                self.state.begin_action()  # a poll that overlapped the action is stale too
         finally:
             coro.close()  # never started if cancelled while waiting for the lock
 
@@ -588,14 +756,28 @@ class ProcessPanel:
 
     # -- actions (on the sandbox loop) -----------------------------------------------
 
+    async def _connect(
+        self, pid: int, cursor: int | None, follower: _Follower
+    ) -> AsyncCommandHandle:
+        # lines=False: the raw chunks, "\r" and partial lines included — a terminal
+        # needs the bytes as written, not lines re-cut by the client.
+        return await self._sbx.commands.connect(
+            pid,
+            cursor,
+            on_stdout=follower.stdout,
+            on_stderr=follower.stderr,
+            on_gap=follower.gap,
+            lines=False,
+            role=self.role,
+        )
+
     async def _attach(self, cursor: int | None) -> None:
         if self._closed:
             return
         follower = _Follower(self.state)
-        handle = await self._sbx.commands.connect(
-            self.state.pid, cursor, on_stdout=follower.stdout, on_stderr=follower.stderr
-        )
+        handle = await self._connect(self.state.pid, cursor, follower)
         follower.handle = handle
+        follower.seen = follower.stream_states()
         self._follower = follower
         self.state.set_attached(True, cursor)
         self._rt.spawn_background(
@@ -612,9 +794,9 @@ class ProcessPanel:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a definitive stream error (ResultUnavailable...)
-            if follower.active:
+            if follower.active and not follower.retiring:
                 self.state.set_error(f"{type(exc).__name__}: {exc}")
-        if follower.active and follower.handle.exit_code is not None:
+        if follower.active and not follower.retiring and follower.handle.exit_code is not None:
             self.state.update_process(
                 state="exited", exit_code=follower.handle.exit_code, cursor=follower.handle.cursor
             )
@@ -624,6 +806,7 @@ class ProcessPanel:
         follower, self._follower = self._follower, None
         if follower is None or follower.handle is None:
             return None
+        follower.retiring = True
         await follower.handle.disconnect()
         follower.active = False
         cursor = follower.handle.cursor
@@ -638,17 +821,28 @@ class ProcessPanel:
 
     async def _kill_restart(self) -> None:
         await self._detach_stream()
-        info = await self._sbx.commands.restart(self.state.pid)
+        old = self.state.pid
+        info = await self._sbx.commands.restart(old)
         self.state.reset(info.pid)
+        self.state.note(f"── Kill-restart: pid {old} killed, now following pid {info.pid} ──")
         self.state.update_process(state=info.state, sandbox_state=self._sbx.info.state)
         await self._attach(0)
 
     async def _pause_resume(self) -> None:
         if self.state.sandbox_state == "paused":
             await self._sbx.resume()
+            shown = "running"
         else:
             await self._sbx.pause()
-        self.state.update_process(sandbox_state=self._sbx.info.state)
+            shown = "paused"
+        current = self.state.process_state
+        alive = current in (None, "running", "paused")
+        self.state.update_process(
+            sandbox_state=self._sbx.info.state, state=shown if alive else None
+        )
+        follower = self._follower
+        if follower is not None:  # what the stream said before the action is no news
+            follower.seen = follower.stream_states()
 
     async def _detach(self) -> None:
         await self._detach_stream()
@@ -670,57 +864,30 @@ class ProcessPanel:
 
     async def poll(self) -> None:
         """Refresh the process facts once: states from the stream's keepalives, the
-        daemon's head from the consumer metrics. Runs on the sandbox loop."""
+        daemon's head from the consumer metrics. Runs on the sandbox loop. Results are
+        dropped if an action began meanwhile (``state.epoch``)."""
+        epoch = self.state.epoch
+        pid = self.state.pid
         follower = self._follower
         if follower is not None and follower.handle is not None and follower.active:
-            stream = follower.handle.stream
-            seen = (stream.process_state, stream.sandbox_state)
+            seen = follower.stream_states()
             if seen != follower.seen:  # only news: never undo a state set by an action
                 follower.seen = seen
-                self.state.update_process(state=seen[0], sandbox_state=seen[1])
-            self.state.update_process(cursor=follower.handle.cursor)
-        pid = self.state.pid
+                self.state.update_process(state=seen[0], sandbox_state=seen[1], epoch=epoch)
+            self.state.update_process(cursor=follower.handle.cursor, epoch=epoch, pid=pid)
         frame = await self._sbx.consumers()
-        rows = frame[frame["pid"] == pid]
+        rows = frame[frame["pid"] == pid] if len(frame) else frame
         if len(rows):
-            self.state.update_process(head=int(rows["head"].max()))
+            self.state.update_process(head=int(rows["head"].max()), epoch=epoch, pid=pid)
 
-    # -- display and teardown ----------------------------------------------------------
-
-    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        return self.widget._repr_mimebundle_(**kwargs)
-
-    def _ipython_display_(self) -> None:
-        from IPython.display import display
-
-        display(self.widget)  # type: ignore[no-untyped-call, unused-ignore]
+    # -- teardown ----------------------------------------------------------------------
 
     async def _teardown(self) -> None:
         async with self._action_lock:
             await self._detach_stream()
 
-    def close(self) -> None:
-        """Stop the ticker, the poll and the stream (the process keeps running) and close
-        every widget. Idempotent. With an AsyncSandbox the stream's teardown finishes on
-        the loop shortly after; ``await panel.aclose()`` waits for it."""
-        if self._closed:
-            return
-        self._closed = True
-        self._rt.close(self._teardown())
-        self._close_widgets()
-
-    async def aclose(self) -> None:
-        """:meth:`close`, awaiting every task and stream it stops."""
-        if not self._closed:
-            self._closed = True
-            self._close_widgets()
-            await self._rt.aclose(self._teardown())
-        else:
-            await self._rt.aclose()
-
-    def _close_widgets(self) -> None:
-        for widget in self._widgets():
-            widget.close()
+    def _final(self) -> Coroutine[Any, Any, Any]:
+        return self._teardown()
 
     def __repr__(self) -> str:
         return f"<ProcessPanel pid={self.pid} lines={self.line_count}>"

@@ -39,7 +39,9 @@ from sandboxkit.lab.experiment import CYCLE_COLUMNS, POLICIES, reattach_cycles
 from sandboxkit.lab.ghosts import GHOST_KINDS
 from sandboxkit.lab.plots import plot_stall_rates
 from sandboxkit.lab.stats import format_duration, stall_table
-from sandboxkit.notebook._runtime import Runtime, figure_png
+from sandboxkit.notebook._figures import figure_png
+from sandboxkit.notebook._runtime import Runtime
+from sandboxkit.notebook._widget import close_tree
 
 __all__ = ["LabState", "StallLab", "stall_table_html"]
 
@@ -153,7 +155,14 @@ class StallLab:
         self.progress = widgets.IntProgress(value=0, min=0, max=1, description="cycles")
         self.status = widgets.HTML()
         self.table = widgets.HTML()
-        self.plot = widgets.Image(format="png")
+        # Hidden while empty (an empty Image shows a broken-image icon); never taller than
+        # a laptop's viewport, never stretched beyond its pixels.
+        self.plot = widgets.Image(
+            format="png",
+            layout=widgets.Layout(
+                display="none", max_width="100%", max_height="420px", object_fit="contain"
+            ),
+        )
         self.table.add_class("sandboxkit-stall-table")
         self.widget = widgets.VBox(
             [
@@ -352,9 +361,11 @@ class StallLab:
             if result is None:
                 self.table.value = ""
                 self.plot.value = b""
+                self.plot.layout.display = "none"
             else:
                 self.table.value = stall_table_html(result)
                 self.plot.value = figure_png(plot_stall_rates(result), dpi=90)
+                self.plot.layout.display = ""
         return True
 
     # -- teardown ----------------------------------------------------------------------
@@ -370,6 +381,7 @@ class StallLab:
         self._runtime.close()  # cancels the owned task, if a run is going
         self._stop_run()
         self._closed_flush()
+        close_tree(self.widget)
 
     async def aclose(self) -> None:
         """:meth:`close` for a coroutine: the waits happen off the running loop."""
@@ -379,6 +391,7 @@ class StallLab:
         await self._runtime.aclose()
         await asyncio.to_thread(self._stop_run)
         self._closed_flush()
+        close_tree(self.widget)
 
     def _stop_run(self) -> None:
         """Cancel the experiment on the loop thread and wait until its cleanup is done."""

@@ -1,0 +1,802 @@
+"""sandboxkit beside the systems people would pick instead, on the same work, in one run.
+
+Sections (issue 11): P1 fan-out of one child's 64 KiB writes to 1 / 4 / 16 consumers
+(sandboxkit raw-socket and SDK consumers vs Redis pub/sub and a bare uvicorn app); P3 child
+line -> client callback latency (SDK vs bare uvicorn -> httpx); P4 reattach -> first replayed
+byte after 1 MB; P5 create + first command (vs ``tmux new-session -d``), pause + resume of 4
+processes, a unary request (vs a bare uvicorn JSON endpoint); P7 client CPU per GB (SDK vs
+httpx ``aiter_raw``) and daemon CPU per GB at 16 consumers; stdin batches/s and MB/s.
+
+Each section starts once the machine is idle (or after a deadline, noted in the output);
+every figure is the median of >= 3 runs with its range. The table is printed and written to
+``benchmarks/results/compare.csv`` and ``compare.png``. Everything runs on loopback; every
+process started here is stopped here.
+
+    python benchmarks/compare.py            # full run (~10 min)
+    python benchmarks/compare.py --quick    # < 3 min, smaller transfers
+    python benchmarks/compare.py --quick --baseline-daemon ../old-checkout   # before/after
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import csv
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from _daemon import local_daemon, stop
+from fanout import BARE_APP, CHUNK, WRITER, _free_port, _read_all, _wait_port, bare_run
+
+from sandboxkit import AsyncSandbox
+
+RESULTS = Path(__file__).resolve().parent / "results"
+REDIS_MISSING = "not installed (apt-get install redis-server)"
+TMUX_MISSING = "not installed (apt-get install tmux)"
+
+
+# -- results -------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    section: str
+    figure: str
+    unit: str
+    sbx: list[float]
+    ref_name: str = ""
+    ref: list[float] | None = None
+    note: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ratio(self) -> float | None:
+        if not self.sbx or not self.ref:
+            return None
+        ref = statistics.median(self.ref)
+        return statistics.median(self.sbx) / ref if ref else None
+
+
+def _fmt(values: list[float] | None) -> str:
+    if not values:
+        return "—"
+    med = statistics.median(values)
+    lo, hi = min(values), max(values)
+    digits = 2 if med < 100 else 0
+    return f"{med:.{digits}f} [{lo:.{digits}f}–{hi:.{digits}f}]"
+
+
+def print_table(rows: list[Row]) -> None:
+    print("\n| figure | sandboxkit | reference | ratio |\n|---|---|---|---|")
+    for r in rows:
+        ref = r.note if r.ref is None and r.note else f"{r.ref_name} {_fmt(r.ref)}".strip()
+        ratio = "—" if r.ratio is None else f"{r.ratio:.2f}×"
+        print(f"| {r.section} {r.figure}, {r.unit} | {_fmt(r.sbx)} | {ref} | {ratio} |")
+
+
+def write_csv(rows: list[Row], path: Path) -> None:
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(
+            ["section", "figure", "unit", "sandboxkit_median", "sandboxkit_min",
+             "sandboxkit_max", "reference", "reference_median", "reference_min",
+             "reference_max", "ratio", "note"]
+        )  # fmt: skip
+        for r in rows:
+            s = [statistics.median(r.sbx), min(r.sbx), max(r.sbx)] if r.sbx else ["", "", ""]
+            ref = [statistics.median(r.ref), min(r.ref), max(r.ref)] if r.ref else ["", "", ""]
+            w.writerow([r.section, r.figure, r.unit, *s, r.ref_name, *ref, r.ratio or "", r.note])
+
+
+def write_png(rows: list[Row], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [r for r in rows if r.ratio is not None]
+    fig, ax = plt.subplots(figsize=(10, 0.42 * len(shown) + 1.5))
+    labels = [f"{r.section} {r.figure} ({r.ref_name})" for r in shown]
+    ratios = [r.ratio or 0.0 for r in shown]
+    # Green where sandboxkit does better (more per second, or less time and CPU).
+    better = [(x >= 1.0) == r.unit.endswith("/s") for r, x in zip(shown, ratios, strict=True)]
+    ax.barh(range(len(shown)), ratios, color=["#55a868" if b else "#c44e52" for b in better])
+    ax.axvline(1.0, color="black", linewidth=1)
+    ax.set_yticks(range(len(shown)), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlabel("sandboxkit ÷ reference (median); green: sandboxkit better")
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# -- the machine ---------------------------------------------------------------------
+
+
+def _cpu_times() -> tuple[int, int]:
+    with open("/proc/stat") as f:
+        values = [int(v) for v in f.readline().split()[1:]]
+    idle = values[3] + values[4]
+    return sum(values) - idle, sum(values)
+
+
+def busy_fraction(interval: float = 0.5) -> float:
+    """Share of all cores busy over ``interval`` seconds (everyone's processes)."""
+    b0, t0 = _cpu_times()
+    time.sleep(interval)  # sleep-ok: the sampling window
+    b1, t1 = _cpu_times()
+    return (b1 - b0) / max(1, t1 - t0)
+
+
+def wait_idle(deadline: float, threshold: float = 0.25) -> float:
+    """Wait until the machine is idle (below ``threshold`` busy) or ``deadline`` seconds
+    pass; returns the last busy share seen (noted with the section)."""
+    end = time.monotonic() + deadline
+    busy = busy_fraction()
+    while busy > threshold and time.monotonic() < end:
+        busy = busy_fraction()
+    return busy
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of process ``pid`` so far (all its threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+# -- reference servers ---------------------------------------------------------------
+
+# A bare uvicorn app for the non-fan-out references: a JSON endpoint, a line streamer
+# (a child printing timestamps) and a 1 MB replay.
+BARE_REF = """
+import asyncio, json, logging, sys, uvicorn
+REPLAY = b"r" * (1 << 20)
+# A reader that leaves after its first byte makes asyncio log every later send: quiet.
+logging.getLogger("asyncio").setLevel(logging.ERROR)
+
+async def app(scope, receive, send):
+    if scope["type"] != "http":
+        return
+    path = scope["path"]
+    headers = [(b"content-type", b"application/json")]
+    if path == "/json":
+        body = json.dumps({"sandbox_id": "sbx-0", "state": "running"}).encode()
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+        return
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/octet-stream")]})
+    if path == "/replay":
+        for i in range(0, len(REPLAY), 65536):
+            await send({"type": "http.response.body", "body": REPLAY[i:i + 65536],
+                        "more_body": True})
+    elif path == "/lines":
+        n = int(scope["query_string"].decode().split("=")[1])
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", sys.argv[2].replace("N_LINES", str(n)),
+            stdout=asyncio.subprocess.PIPE)
+        while line := await proc.stdout.readline():
+            await send({"type": "http.response.body", "body": line, "more_body": True})
+        await proc.wait()
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning",
+            loop="asyncio", access_log=False)
+"""
+
+# A child printing its clock, paced so each line is its own write.
+LINES = (
+    "import sys, time\n"
+    "for _ in range(N_LINES):\n"
+    "    print(repr(time.time()), flush=True)\n"
+    "    time.sleep(0.003)\n"  # sleep-ok: the producer's pace; each line is its own write
+)
+
+# Writes 1 MB, then stays running (a reattach replays it from the daemon's log).
+REPLAY_WRITER = (
+    "import sys, time\n"
+    "sys.stdout.write('r' * (1 << 20))\n"
+    "sys.stdout.flush()\n"
+    "time.sleep(600)\n"  # sleep-ok: keeps the process running while readers reattach
+)
+
+# Reads the same child as the others and publishes each read to channel d, then an end
+# marker; the subscribers count bytes until they see it.
+PUBLISHER = """
+import asyncio, sys
+END = b"__end_of_stream__"
+
+def publish(channel, data):
+    return b"*3\\r\\n$7\\r\\nPUBLISH\\r\\n$%d\\r\\n%s\\r\\n$%d\\r\\n" % (
+        len(channel), channel, len(data)) + data + b"\\r\\n"
+
+async def main():
+    r, w = await asyncio.open_connection("127.0.0.1", int(sys.argv[1]))
+    async def replies():
+        while await r.read(65536):
+            pass
+    reading = asyncio.ensure_future(replies())
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", sys.argv[2], stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE)
+    print("ready", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    proc.stdin.write(b"\\n")
+    while data := await proc.stdout.read(65536):
+        w.write(publish(b"d", data))
+        await w.drain()
+    w.write(publish(b"d", END))
+    await w.drain()
+    # Half-close and read every reply until redis closes: closing with replies unread
+    # would reset the connection and drop the commands still in flight.
+    w.write_eof()
+    await reading
+    await proc.wait()
+    w.close()
+
+asyncio.run(main())
+"""
+REDIS_END = b"__end_of_stream__"
+
+
+@contextlib.contextmanager
+def running(
+    argv: list[str], port: int | None = None, **kw: Any
+) -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(argv, **kw)
+    try:
+        if port is not None:
+            asyncio.run(_wait_port(port))
+        yield proc
+    finally:
+        stop(proc)
+
+
+@contextlib.contextmanager
+def redis_server() -> Iterator[tuple[subprocess.Popen[bytes], int] | None]:
+    exe = shutil.which("redis-server")
+    if exe is None:
+        yield None
+        return
+    port = _free_port()
+    # No persistence, and no output-buffer limit for subscribers (the others drop nothing).
+    argv = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+            "--appendonly", "no", "--client-output-buffer-limit", "pubsub 0 0 0",
+            "--daemonize", "no", "--logfile", ""]  # fmt: skip
+    with running(argv, port, stdout=subprocess.DEVNULL) as proc:
+        yield proc, port
+
+
+# -- P1 fan-out ----------------------------------------------------------------------
+
+
+async def daemon_fanout(url: str, token: str, size: int, consumers: int) -> tuple[int, float]:
+    """Raw HTTP/1.1 consumers of one daemon process: (bytes delivered, seconds)."""
+    port = int(url.rsplit(":", 1)[1])
+    headers = {"Authorization": f"Bearer {token}"}
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60) as http:
+        sbx = (await http.post("/sandboxes", json={})).json()["sandbox_id"]
+        script = WRITER.format(blocks=size // CHUNK)
+        body = {"argv": [sys.executable, "-c", script]}
+        pid = (await http.post(f"/sandboxes/{sbx}/processes", json=body)).json()["pid"]
+        path = f"/sandboxes/{sbx}/processes/{pid}/stream?cursor=0"
+        events = [asyncio.Event() for _ in range(consumers)]
+        readers = [asyncio.ensure_future(_read_all(port, path, token, e)) for e in events]
+        await asyncio.gather(*(e.wait() for e in events))
+        start = time.perf_counter()
+        go = {"session": "go", "seq": 0, "data": "Cg=="}
+        await http.post(f"/sandboxes/{sbx}/processes/{pid}/stdin", json=go)
+        totals = await asyncio.gather(*readers)
+        elapsed = time.perf_counter() - start
+        await http.delete(f"/sandboxes/{sbx}")
+    return sum(totals), elapsed
+
+
+async def sdk_fanout(url: str, token: str, size: int, consumers: int) -> tuple[int, float]:
+    """SDK consumers (``commands.connect``, raw chunks): (bytes delivered, seconds)."""
+    async with await AsyncSandbox.create(url=url, token=token) as sbx:
+        info = await sbx.commands.start([sys.executable, "-c", WRITER.format(blocks=size // CHUNK)])
+        counts = [0] * consumers
+
+        def counter(i: int) -> Callable[[str], None]:
+            def on_stdout(text: str) -> None:
+                counts[i] += len(text)
+
+            return on_stdout
+
+        handles = [
+            await sbx.commands.connect(info.pid, cursor=0, on_stdout=counter(i), lines=False)
+            for i in range(consumers)
+        ]
+        deadline = time.monotonic() + 20
+        while len(await sbx.consumers()) < consumers:
+            if time.monotonic() > deadline:
+                raise RuntimeError("SDK consumers did not attach")
+            await asyncio.sleep(0.01)  # sleep-ok: polling with a deadline
+        start = time.perf_counter()
+        await sbx.commands.send_stdin(info.pid, "\n")
+        for h in handles:
+            await h.wait()
+        elapsed = time.perf_counter() - start
+    return sum(counts), elapsed
+
+
+async def _subscriber(port: int, subscribed: asyncio.Event) -> int:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"*2\r\n$9\r\nSUBSCRIBE\r\n$1\r\nd\r\n")
+    await writer.drain()
+    total, tail, first = 0, b"", True
+    while True:
+        data = await reader.read(1 << 20)
+        if not data:
+            break
+        if first:  # the subscribe confirmation
+            subscribed.set()
+            first = False
+            continue
+        total += len(data)
+        # The marker may straddle two reads.
+        if REDIS_END in tail + data[:64] or REDIS_END in data[-64:]:
+            break
+        tail = (tail + data[-64:])[-64:]
+    writer.close()
+    return total
+
+
+async def redis_fanout(port: int, size: int, consumers: int) -> tuple[int, float]:
+    script = WRITER.format(blocks=size // CHUNK)
+    pub = subprocess.Popen(  # noqa: ASYNC220 - started once, before the timed part
+        [sys.executable, "-c", PUBLISHER, str(port), script],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert pub.stdout is not None
+        await asyncio.to_thread(pub.stdout.readline)  # connected, child started
+        events = [asyncio.Event() for _ in range(consumers)]
+        subs = [asyncio.ensure_future(_subscriber(port, e)) for e in events]
+        await asyncio.gather(*(e.wait() for e in events))
+        start = time.perf_counter()
+        assert pub.stdin is not None
+        pub.stdin.write(b"\n")
+        pub.stdin.flush()
+        totals = await asyncio.gather(*subs)
+        elapsed = time.perf_counter() - start
+    finally:
+        stop(pub)
+    return sum(totals), elapsed
+
+
+def _measure(
+    runs: int, pid: int | None, work: Callable[[], Awaitable[tuple[int, float]]]
+) -> tuple[list[float], list[float]]:
+    """``runs`` rounds of ``work``: (GB/s of each, CPU-s per GB of process ``pid``)."""
+    rates, cpu = [], []
+    for _ in range(runs):
+        before = cpu_seconds(pid) if pid else 0.0
+        nbytes, elapsed = asyncio.run(work())  # type: ignore[arg-type]
+        if pid:
+            cpu.append((cpu_seconds(pid) - before) / (nbytes / 1e9))
+        rates.append(nbytes / elapsed / 1e9)
+    return rates, cpu
+
+
+# -- the sections --------------------------------------------------------------------
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.quick: bool = args.quick
+        self.runs: int = args.runs
+        self.rows: list[Row] = []
+        self.idle_deadline = 10.0 if self.quick else 60.0
+        self.busy: dict[str, float] = {}
+
+    def idle(self, section: str) -> None:
+        self.busy[section] = wait_idle(self.idle_deadline)
+        print(f"[{section}] machine busy {self.busy[section]:.0%} at start", flush=True)
+
+    def add(self, row: Row) -> None:
+        self.rows.append(row)
+        print_table([row])
+
+    # P1 + P7 (daemon CPU) --------------------------------------------------------------
+    def fanout(self, daemon: Any) -> dict[int, tuple[list[float], list[float]]]:
+        proc, info = daemon
+        size = (16 if self.quick else 64) * 1024 * 1024
+        out = {}
+        for n in self.args.consumers:
+            out[n] = _measure(
+                self.runs, proc.pid, lambda n=n: daemon_fanout(info.url, info.token, size, n)
+            )
+        return out
+
+    def p1(self, daemon: Any, extra_daemons: dict[str, Any]) -> None:
+        size = (16 if self.quick else 64) * 1024 * 1024
+        info = daemon[1]
+        self.idle("P1")
+        ours = self.fanout(daemon)
+        variants = {name: self.fanout(d) for name, d in extra_daemons.items()}
+        sdk = {
+            n: _measure(self.runs, None, lambda n=n: sdk_fanout(info.url, info.token, size, n))[0]
+            for n in self.args.consumers
+        }
+        bare_port = _free_port()
+        bare_argv = [
+            sys.executable,
+            "-c",
+            BARE_APP,
+            str(bare_port),
+            WRITER.format(blocks=size // CHUNK),
+        ]
+        bare: dict[int, tuple[list[float], list[float]]] = {}
+        with running(bare_argv, bare_port) as bare_proc:
+            for n in self.args.consumers:
+                rates, cpu = [], []
+                for _ in range(self.runs):
+                    before = cpu_seconds(bare_proc.pid)
+                    rate = asyncio.run(bare_run(bare_port, n))
+                    cpu_s = cpu_seconds(bare_proc.pid) - before
+                    rates.append(rate / 1e9)
+                    cpu.append(cpu_s / (n * size / 1e9))
+                bare[n] = (rates, cpu)
+        redis: dict[int, tuple[list[float], list[float]]] | None = None
+        with redis_server() as found:
+            if found is not None:
+                rproc, rport = found
+                redis = {
+                    n: _measure(self.runs, rproc.pid, lambda n=n: redis_fanout(rport, size, n))
+                    for n in self.args.consumers
+                }
+        for n in self.args.consumers:
+            self.add(Row("P1", f"fan-out {n} raw consumer(s)", "GB/s", ours[n][0],
+                         "Redis pub/sub", redis[n][0] if redis else None,
+                         note="" if redis else REDIS_MISSING))  # fmt: skip
+            self.add(Row("P1", f"fan-out {n} raw consumer(s)", "GB/s", ours[n][0],
+                         "bare uvicorn", bare[n][0]))  # fmt: skip
+            for name, v in variants.items():
+                self.add(
+                    Row("P1", f"fan-out {n} raw consumer(s)", "GB/s", ours[n][0], name, v[n][0])
+                )
+            self.add(Row("P1", f"fan-out {n} SDK consumer(s)", "GB/s", sdk[n],
+                         "Redis pub/sub", redis[n][0] if redis else None,
+                         note="" if redis else REDIS_MISSING))  # fmt: skip
+        top = max(self.args.consumers)
+        self.add(Row("P7", f"daemon CPU-s per GB fanned out ({top})", "s/GB", ours[top][1],
+                     "bare uvicorn", bare[top][1]))  # fmt: skip
+        self.add(Row("P7", f"daemon CPU-s per GB fanned out ({top})", "s/GB", ours[top][1],
+                     "redis-server", redis[top][1] if redis else None,
+                     note="" if redis else REDIS_MISSING))  # fmt: skip
+        for name, v in variants.items():
+            self.add(Row("P7", f"daemon CPU-s per GB fanned out ({top})", "s/GB", ours[top][1],
+                         name, v[top][1]))  # fmt: skip
+
+    # P3, P4, P5 unary ----------------------------------------------------------------
+    def latency(self, info: Any) -> None:
+        port = _free_port()
+        with running([sys.executable, "-c", BARE_REF, str(port), LINES], port):
+            self.idle("P3")
+            n_lines = 150 if self.quick else 600
+            sdk = [asyncio.run(self._sdk_lines(info, n_lines)) for _ in range(self.runs)]
+            bare = [asyncio.run(self._bare_lines(port, n_lines)) for _ in range(self.runs)]
+            for q, name in ((0.5, "p50"), (0.99, "p99")):
+                self.add(Row("P3", f"child line -> callback {name}", "ms",
+                             [percentile(s, q) * 1e3 for s in sdk], "uvicorn -> httpx",
+                             [percentile(b, q) * 1e3 for b in bare]))  # fmt: skip
+            self.idle("P4")
+            tries = 30 if self.quick else 100
+            sdk = [asyncio.run(self._sdk_replay(info, tries)) for _ in range(self.runs)]
+            bare = [asyncio.run(self._bare_replay(port, tries)) for _ in range(self.runs)]
+            for q, name in ((0.5, "p50"), (0.99, "p99")):
+                self.add(Row("P4", f"reattach -> first replayed byte {name} (1 MB)", "ms",
+                             [percentile(s, q) * 1e3 for s in sdk], "uvicorn -> httpx",
+                             [percentile(b, q) * 1e3 for b in bare]))  # fmt: skip
+            self.idle("P5")
+            tries = 30 if self.quick else 200
+            sdk = [asyncio.run(self._sdk_unary(info, tries)) for _ in range(self.runs)]
+            bare = [asyncio.run(self._bare_unary(port, tries)) for _ in range(self.runs)]
+            self.add(Row("P5", "unary request p50", "ms", [statistics.median(s) * 1e3 for s in sdk],
+                         "uvicorn JSON", [statistics.median(b) * 1e3 for b in bare]))  # fmt: skip
+
+    async def _sdk_lines(self, info: Any, n: int) -> list[float]:
+        lat: list[float] = []
+        async with await AsyncSandbox.create(url=info.url, token=info.token) as sbx:
+            script = LINES.replace("N_LINES", str(n))
+            h = await sbx.commands.run(
+                [sys.executable, "-c", script], background=True,
+                on_stdout=lambda line: lat.append(time.time() - float(line)),
+            )  # fmt: skip
+            await h.wait()
+        return lat[5:]
+
+    async def _bare_lines(self, port: int, n: int) -> list[float]:
+        lat: list[float] = []
+        url = f"http://127.0.0.1:{port}/lines?n={n}"
+        async with httpx.AsyncClient() as http, http.stream("GET", url) as r:
+            buf = b""
+            async for data in r.aiter_raw():
+                buf += data
+                *lines, buf = buf.split(b"\n")
+                now = time.time()
+                lat.extend(now - float(line) for line in lines)
+        return lat[5:]
+
+    async def _sdk_replay(self, info: Any, tries: int) -> list[float]:
+        out: list[float] = []
+        async with await AsyncSandbox.create(url=info.url, token=info.token) as sbx:
+            proc = await sbx.commands.start([sys.executable, "-c", REPLAY_WRITER])
+            got = 0
+            whole = asyncio.Event()
+
+            def count(text: str) -> None:
+                nonlocal got
+                got += len(text)
+                if got >= 1 << 20:
+                    whole.set()
+
+            h = await sbx.commands.connect(proc.pid, cursor=0, on_stdout=count, lines=False)
+            await asyncio.wait_for(whole.wait(), 30)
+            await h.disconnect()
+            for _ in range(tries):
+                first = asyncio.Event()
+                start = time.perf_counter()
+                h = await sbx.commands.connect(
+                    proc.pid, cursor=0, on_stdout=lambda _t, e=first: e.set(), lines=False
+                )
+                await first.wait()
+                out.append(time.perf_counter() - start)
+                await h.disconnect()
+        return out
+
+    async def _bare_replay(self, port: int, tries: int) -> list[float]:
+        out: list[float] = []
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+            for _ in range(tries):
+                start = time.perf_counter()
+                async with http.stream("GET", "/replay") as r:
+                    async for _data in r.aiter_raw():
+                        out.append(time.perf_counter() - start)
+                        break
+        return out
+
+    async def _sdk_unary(self, info: Any, tries: int) -> list[float]:
+        out: list[float] = []
+        async with await AsyncSandbox.create(url=info.url, token=info.token) as sbx:
+            await sbx.get_info()
+            for _ in range(tries):
+                start = time.perf_counter()
+                await sbx.get_info()
+                out.append(time.perf_counter() - start)
+        return out
+
+    async def _bare_unary(self, port: int, tries: int) -> list[float]:
+        out: list[float] = []
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+            await http.get("/json")
+            for _ in range(tries):
+                start = time.perf_counter()
+                (await http.get("/json")).json()
+                out.append(time.perf_counter() - start)
+        return out
+
+    # P5 create, pause/resume -----------------------------------------------------------
+    def lifecycle(self, info: Any) -> None:
+        self.idle("P5")
+        tries = 10 if self.quick else 40
+        sdk = [asyncio.run(self._create_first(info, tries)) for _ in range(self.runs)]
+        tmux = self._tmux(tries) if shutil.which("tmux") else None
+        self.add(Row("P5", "create + first command p50", "ms",
+                     [statistics.median(s) * 1e3 for s in sdk], "tmux new-session -d",
+                     [statistics.median(t) * 1e3 for t in tmux] if tmux else None,
+                     note="" if tmux else TMUX_MISSING))  # fmt: skip
+        pr = [asyncio.run(self._pause_resume(info, tries)) for _ in range(self.runs)]
+        self.add(Row("P5", "pause + resume, 4 processes, p50", "ms",
+                     [statistics.median(s) * 1e3 for s in pr], note="— (goal ≤ 2 ms)"))  # fmt: skip
+
+    async def _create_first(self, info: Any, tries: int) -> list[float]:
+        out = []
+        for _ in range(tries):
+            start = time.perf_counter()
+            sbx = await AsyncSandbox.create(url=info.url, token=info.token)
+            await sbx.commands.run(["true"])
+            out.append(time.perf_counter() - start)
+            await sbx.kill()
+        return out
+
+    def _tmux(self, tries: int) -> list[list[float]]:
+        sock = f"sbxbench{os.getpid()}"
+        runs = []
+        try:
+            for r in range(self.runs):
+                out = []
+                for i in range(tries):
+                    start = time.perf_counter()
+                    subprocess.run(
+                        ["tmux", "-L", sock, "new-session", "-d", "-s", f"s{r}-{i}", "sleep 600"],
+                        check=True,
+                    )
+                    out.append(time.perf_counter() - start)
+                runs.append(out)
+        finally:
+            subprocess.run(["tmux", "-L", sock, "kill-server"], stderr=subprocess.DEVNULL)
+        return runs
+
+    async def _pause_resume(self, info: Any, tries: int) -> list[float]:
+        out = []
+        async with await AsyncSandbox.create(url=info.url, token=info.token) as sbx:
+            for _ in range(4):
+                await sbx.commands.start(["sleep", "600"])
+            for _ in range(tries):
+                start = time.perf_counter()
+                await sbx.pause()
+                await sbx.resume()
+                out.append(time.perf_counter() - start)
+        return out
+
+    # P7 client CPU ---------------------------------------------------------------------
+    def client_cpu(self, info: Any) -> None:
+        self.idle("P7")
+        size = (32 if self.quick else 128) * 1024 * 1024
+        sdk, bare = [], []
+        for _ in range(self.runs):
+            s, b = asyncio.run(self._client_cpu(info, size))
+            sdk.append(s)
+            bare.append(b)
+        self.add(Row("P7", "client CPU-s per GB, 1 consumer", "s/GB", sdk,
+                     "httpx aiter_raw", bare))  # fmt: skip
+
+    async def _client_cpu(self, info: Any, size: int) -> tuple[float, float]:
+        # The same finished process's output, replayed to each: the same bytes, no producer.
+        async with await AsyncSandbox.create(url=info.url, token=info.token) as sbx:
+            script = WRITER.format(blocks=size // CHUNK)
+            proc = await sbx.commands.start([sys.executable, "-c", script])
+            await sbx.commands.send_stdin(proc.pid, "\n")
+            got = 0
+
+            def count(text: str) -> None:
+                nonlocal got
+                got += len(text)
+
+            start = time.process_time()
+            h = await sbx.commands.connect(proc.pid, cursor=0, on_stdout=count, lines=False)
+            await h.wait()
+            sdk = (time.process_time() - start) / (got / 1e9)
+            headers = {"Authorization": f"Bearer {info.token}"}
+            path = f"/sandboxes/{sbx.sandbox_id}/processes/{proc.pid}/stream?cursor=0"
+            async with httpx.AsyncClient(base_url=info.url, headers=headers) as http:
+                start = time.process_time()
+                total = 0
+                async with http.stream("GET", path) as r:
+                    async for data in r.aiter_raw():
+                        total += len(data)
+                bare = (time.process_time() - start) / (total / 1e9)
+        return sdk, bare
+
+    # stdin -----------------------------------------------------------------------------
+    def stdin(self, info: Any) -> None:
+        self.idle("stdin")
+        small = 200 if self.quick else 2000
+        rates, mbs = [], []
+        for _ in range(self.runs):
+            r, m = asyncio.run(self._stdin(info, small))
+            rates.append(r)
+            mbs.append(m)
+        self.add(Row("stdin", "64-byte batches to cat", "batches/s", rates, note="—"))
+        self.add(Row("stdin", "256 KiB batches to cat", "MB/s", mbs, note="—"))
+
+    async def _stdin(self, info: Any, small: int) -> tuple[float, float]:
+        async with await AsyncSandbox.create(url=info.url, token=info.token) as sbx:
+            proc = await sbx.commands.start(["cat"])
+            line = b"x" * 63 + b"\n"
+            start = time.perf_counter()
+            async with sbx.commands.stdin_session(proc.pid) as session:
+                for _ in range(small):
+                    await session.write(line)
+            rate = small / (time.perf_counter() - start)
+            big, count = b"y" * (256 * 1024), 16 if self.quick else 64
+            start = time.perf_counter()
+            async with sbx.commands.stdin_session(proc.pid) as session:
+                for _ in range(count):
+                    await session.write(big)
+            mbs = count * len(big) / (time.perf_counter() - start) / 1e6
+        return rate, mbs
+
+
+# -- main ----------------------------------------------------------------------------
+
+
+def _fast_env(fast_path: str | None, on: bool) -> dict[str, str]:
+    env = dict(os.environ)
+    if fast_path:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [fast_path, env.get("PYTHONPATH")]))
+    env["SANDBOXKIT_EVENT_LOOP"] = "uvloop" if on else "asyncio"
+    env["SANDBOXKIT_HTTP"] = "auto" if on else "h11"
+    return env
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smaller transfers (< 3 min)")
+    parser.add_argument("--runs", type=int, default=3, help="runs per figure (median, range)")
+    parser.add_argument("--consumers", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument(
+        "--sections", nargs="+", default=["P1", "P3", "P5", "P7", "stdin"],
+        help="P1 (with P7 daemon CPU), P3 (with P4 and unary P5), P5 (create, pause), P7, stdin",
+    )  # fmt: skip
+    parser.add_argument(
+        "--baseline-daemon", type=Path,
+        help="another checkout whose daemon P1 also measures (before/after a change)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--fast-path",
+        help="a directory holding uvloop and httptools for the daemon (PYTHONPATH); P1 "
+        "then also measures the daemon with and without them",
+    )
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    # SIGTERM ends the run through the ``finally`` blocks that stop what it started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    args.out.mkdir(parents=True, exist_ok=True)
+    bench = Bench(args)
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    size = (64 if args.quick else 256) * 1024 * 1024
+    retention = ["--retention-bytes", str(size * 2)]
+    t0 = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        main_env = _fast_env(args.fast_path, on=False) if args.fast_path else None
+        daemon = stack.enter_context(local_daemon(*retention, env=main_env))
+        extra: dict[str, Any] = {}
+        if args.fast_path:
+            extra["daemon + uvloop/httptools"] = stack.enter_context(
+                local_daemon(*retention, env=_fast_env(args.fast_path, on=True))
+            )
+        if args.baseline_daemon:
+            extra["baseline daemon"] = stack.enter_context(
+                local_daemon(*retention, cwd=args.baseline_daemon.resolve())
+            )
+        info = daemon[1]
+        if "P1" in args.sections:
+            bench.p1(daemon, extra)
+        if "P3" in args.sections:
+            bench.latency(info)
+        if "P5" in args.sections:
+            bench.lifecycle(info)
+        if "P7" in args.sections:
+            bench.client_cpu(info)
+        if "stdin" in args.sections:
+            bench.stdin(info)
+    took = time.monotonic() - t0
+    title = (
+        f"sandboxkit vs references, {started}, {os.cpu_count()} cores, "
+        f"{'quick' if args.quick else 'full'} run, {took:.0f} s"
+    )
+    print(f"\n{title}; busy at section start: "
+          + ", ".join(f"{k} {v:.0%}" for k, v in bench.busy.items()))  # fmt: skip
+    print_table(bench.rows)
+    write_csv(bench.rows, args.out / "compare.csv")
+    write_png(bench.rows, args.out / "compare.png", title)
+    print(f"\nwritten: {args.out / 'compare.csv'}, {args.out / 'compare.png'}")
+
+
+if __name__ == "__main__":
+    main()

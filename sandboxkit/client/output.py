@@ -1,0 +1,162 @@
+"""One stream's output (stdout or stderr) as a handle received it: a bounded tail of the
+raw bytes, the text they decode to, and the bytes of a character split at the end.
+
+The bytes are what the process wrote; text is decoded from them (UTF-8, invalid bytes
+as U+FFFD). A character may be split across chunks — and across a reattach, when one
+handle stops and another continues from its cursor — so the undecoded tail travels with
+the cursor (:class:`Cursor`) instead of being dropped with the handle.
+"""
+
+from __future__ import annotations
+
+import codecs
+from collections import deque
+
+__all__ = ["DEFAULT_KEEP_OUTPUT", "Cursor", "KeepOutput", "StreamOutput", "incomplete_tail"]
+
+DEFAULT_KEEP_OUTPUT = 8 * 1024 * 1024
+"""Bytes of stdout (and of stderr) a handle keeps by default: the newest ones."""
+
+KeepOutput = bool | int
+"""``True``: keep everything; ``False``: nothing; a number: the newest that many bytes."""
+
+_decode = codecs.utf_8_decode
+
+
+class Cursor(int):
+    """Where a stream stopped: the sequence number of the next chunk (an ``int``, usable
+    wherever a cursor is) carrying the bytes of a character split at that point, so that
+    a stream continued from it (``commands.connect(pid, cursor=...)``) decodes that
+    character whole. Arithmetic on it gives a plain ``int`` (and drops those bytes)."""
+
+    stdout_tail: bytes
+    stderr_tail: bytes
+
+    def __new__(cls, seq: int, stdout_tail: bytes = b"", stderr_tail: bytes = b"") -> Cursor:
+        cursor = super().__new__(cls, seq)
+        cursor.stdout_tail = stdout_tail
+        cursor.stderr_tail = stderr_tail
+        return cursor
+
+    def __repr__(self) -> str:
+        return f"Cursor({int(self)}, {self.stdout_tail!r}, {self.stderr_tail!r})"
+
+    __str__ = int.__repr__  # str(cursor) is the number, as in a query string
+
+
+def incomplete_tail(data: bytes) -> int:
+    """How many bytes at the end of ``data`` begin a UTF-8 character they do not finish
+    (0–3). UTF-8 synchronises on its lead bytes, so the last three bytes tell."""
+    end = len(data)
+    for start in range(end - 1, max(end - 4, -1), -1):
+        byte = data[start]
+        if byte & 0xC0 != 0x80:  # a lead byte (or ASCII): the last character starts here
+            _, used = _decode(data[start:], "replace", False)
+            return end - start - used
+    return 0
+
+
+class StreamOutput:
+    """The output of one stream of one process, as one handle received it.
+
+    ``keep`` bounds what is kept: the newest ``keep`` bytes (``True``: all, ``False``:
+    none); ``dropped`` counts the bytes received and no longer kept. ``tail`` is the
+    undecoded start of a character split at the end (carried over from a previous handle
+    at first)."""
+
+    def __init__(self, keep: KeepOutput, tail: bytes = b"") -> None:
+        self.limit: int | None = None if keep is True else int(keep)
+        self.tail = tail
+        self.received = 0
+        self.dropped = 0
+        self._head = tail  # bytes of a character the previous handle began
+        self._pieces: deque[bytes | str] = deque()  # bytes, or a marker (str)
+        self._kept = 0
+        self._text: str | None = ""
+
+    def add(self, data: bytes, decode: bool) -> str:
+        """Record a chunk; its text (with the tail before it) if ``decode``, else ``""``
+        (the tail is tracked either way)."""
+        self.received += len(data)
+        text = ""
+        if decode:
+            joined = self.tail + data if self.tail else data
+            text, used = _decode(joined, "replace", False)
+            self.tail = joined[used:]
+        elif len(data) >= 3:
+            self.tail = data[len(data) - incomplete_tail(data) :]
+        else:
+            joined = self.tail + data
+            self.tail = joined[len(joined) - incomplete_tail(joined) :]
+        if self.limit != 0:
+            self._pieces.append(data)
+            self._kept += len(data)
+            self._text = None
+            self._trim()
+        return text
+
+    def mark(self, marker: str) -> str:
+        """Record a break in the output (a gap), shown as ``marker`` in :attr:`text`; a
+        character split across it can never be finished: returns its replacement."""
+        broken = _decode(self.tail, "replace", True)[0] if self.tail else ""
+        self.tail = b""
+        if self.limit != 0:
+            self._pieces.append(marker)
+            self._kept += len(marker)
+            self._text = None
+            self._trim()
+        return broken
+
+    def _trim(self) -> None:
+        if self.limit is None:
+            return
+        while self._kept > self.limit:
+            first = self._pieces[0]
+            excess = self._kept - self.limit
+            if len(first) <= excess:
+                self._pieces.popleft()
+                self._kept -= len(first)
+                if isinstance(first, bytes):
+                    self.dropped += len(first)
+            else:
+                self._pieces[0] = first[excess:]
+                self._kept -= excess
+                if isinstance(first, bytes):
+                    self.dropped += excess
+            self._head = b""
+
+    @property
+    def data(self) -> bytes:
+        """The kept bytes, exactly as the process wrote them (no markers)."""
+        return b"".join(p for p in self._pieces if isinstance(p, bytes))
+
+    def text(self, final: bool = False) -> str:
+        """The kept output decoded, with a marker where a gap was; without the bytes of an
+        unfinished last character unless ``final`` (then they decode to U+FFFD)."""
+        if self._text is None:
+            parts: list[str] = []
+            run: list[bytes] = [self._head] if self._head else []
+            skip = self.dropped > 0  # the kept tail may start inside a character
+
+            def flush(last: bool) -> None:
+                nonlocal skip
+                raw = b"".join(run)
+                run.clear()
+                if skip:
+                    start = 0
+                    while start < min(3, len(raw)) and raw[start] & 0xC0 == 0x80:
+                        start += 1
+                    raw, skip = raw[start:], False
+                parts.append(_decode(raw, "replace", last)[0])
+
+            for piece in self._pieces:
+                if isinstance(piece, str):
+                    flush(True)
+                    parts.append(piece)
+                else:
+                    run.append(piece)
+            flush(False)
+            self._text = "".join(parts)
+        if final and self.tail and self.limit != 0:
+            return self._text + _decode(self.tail, "replace", True)[0]
+        return self._text

@@ -1,0 +1,175 @@
+"""The envd-compatible ASGI app and its server: the official ``e2b`` SDK in debug mode
+talks to a sandboxkit daemon through it.
+
+One envd serves one sandbox (E2B's model), so the app maps URLs to sandboxes:
+
+- ``/...`` — the *default* sandbox, created on the first request that needs one (and
+  created again if it was killed): ``Sandbox.create(debug=True,
+  sandbox_url="http://127.0.0.1:PORT")`` just works.
+- ``/sandboxes/<id>/...`` — the sandboxkit sandbox ``<id>``, so the SDK can drive a
+  sandbox created (and paused, resumed...) through sandboxkit's own API:
+  ``sandbox_url="http://127.0.0.1:PORT/sandboxes/sbx-1a2b3c4d"``.
+
+Auth: with a daemon token, every request must show it, as ``X-Access-Token`` (the header
+envd checks) or as the URL prefix ``/k/<token>`` (the SDK in debug mode sends no token
+header, but keeps its ``sandbox_url``'s path): :attr:`EnvdServer.url` includes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import socket
+from collections.abc import Awaitable, Callable, Generator
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from sandboxkit.daemon.envd.connect import ConnectError
+from sandboxkit.daemon.envd.files import error_response, read_file, write_file
+from sandboxkit.daemon.envd.filesystem_service import FilesystemService
+from sandboxkit.daemon.envd.process_service import ProcessService, RpcService
+from sandboxkit.daemon.host import Host
+from sandboxkit.daemon.sandbox import Sandbox
+from sandboxkit.errors import SandboxkitError
+
+__all__ = ["DEFAULT_PORT", "EnvdServer", "create_envd_app"]
+
+DEFAULT_PORT = 49983
+"""envd's port: the e2b SDK in debug mode connects to ``localhost:49983`` by default."""
+
+
+class _Sandboxes:
+    """Which sandbox a request is for."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        self.default_id: str | None = None
+        self._lock = asyncio.Lock()
+
+    async def lookup(self, request: Request, needs_running: bool) -> Sandbox:
+        sid = request.path_params.get("sid")
+        if sid is not None:
+            return await self.host.access(sid, needs_running=needs_running)
+        async with self._lock:
+            current = self.host.sandboxes.get(self.default_id or "")
+            if current is None or current.state == "killed":
+                current = await self.host.create_sandbox(metadata={"envd": "default"})
+                self.default_id = current.sandbox_id
+        return await self.host.access(current.sandbox_id, needs_running=needs_running)
+
+
+def _files(
+    sandboxes: _Sandboxes, handler: Callable[[Sandbox, Request], Awaitable[Response]]
+) -> Callable[[Request], Awaitable[Response]]:
+    async def run(request: Request) -> Response:
+        try:
+            sandbox = await sandboxes.lookup(request, False)
+            return await handler(sandbox, request)
+        except SandboxkitError as exc:
+            return error_response(exc)
+
+    return run
+
+
+def _routes(sandboxes: _Sandboxes, services: list[RpcService]) -> list[BaseRoute]:
+    async def health(request: Request) -> Response:
+        return Response(status_code=204)
+
+    routes: list[BaseRoute] = [
+        Route("/health", health, methods=["GET"]),
+        Route("/files", _files(sandboxes, read_file), methods=["GET"]),
+        Route("/files", _files(sandboxes, write_file), methods=["POST"]),
+    ]
+    for service in services:
+        routes += [Route(path, call, methods=["POST"]) for path, call in service.routes().items()]
+    return routes
+
+
+class _TokenAuth:
+    """Refuses requests that do not show the daemon's token (a Connect
+    ``unauthenticated``): as an ``X-Access-Token`` header (envd's), or as the URL prefix
+    ``/k/<token>`` — the e2b SDK in debug mode sends no token header, but keeps the path
+    of its ``sandbox_url``, so :attr:`EnvdServer.url` carries the token in its path."""
+
+    def __init__(self, app: ASGIApp, token: str | None) -> None:
+        self.app = app
+        self.expected = token.encode() if token else None
+        self.prefix = f"/k/{token}" if token else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and self.expected is not None and self.prefix is not None:
+            given = dict(scope["headers"]).get(b"x-access-token", b"")
+            path: str = scope["path"]
+            if path.startswith(self.prefix + "/"):
+                scope = {**scope, "path": path[len(self.prefix) :], "raw_path": None}
+            elif not secrets.compare_digest(given, self.expected):
+                error = ConnectError("unauthenticated", "missing or wrong X-Access-Token")
+                response = JSONResponse(error.to_json(), error.http_status)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def create_envd_app(host: Host, token: str | None) -> ASGIApp:
+    """The envd-compatible app on ``host`` (which its owner starts and closes)."""
+    sandboxes = _Sandboxes(host)
+    services: list[RpcService] = [
+        ProcessService(host, sandboxes.lookup),
+        FilesystemService(host, sandboxes.lookup),
+    ]
+    routes = _routes(sandboxes, services)
+    app = Starlette(routes=[*routes, Mount("/sandboxes/{sid}", routes=routes)])
+    app.state.sandboxes = sandboxes
+    return _TokenAuth(app, token)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server without signal handling: the daemon's own server owns SIGINT and
+    SIGTERM, and stops this one when it stops."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+class EnvdServer:
+    """The envd app on its own socket, served on the daemon's loop next to its API."""
+
+    def __init__(self, host: Host, *, bind: str, port: int, token: str | None) -> None:
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((bind, port))
+        self._sock.listen(512)
+        self._sock.setblocking(False)
+        self.bind, self.port = self._sock.getsockname()[:2]
+        self.url = f"http://{self.bind}:{self.port}" + (f"/k/{token}" if token else "")
+        """What the SDK's ``sandbox_url`` should be (the default sandbox); append
+        ``/sandboxes/<id>`` for another sandbox."""
+        self._server = _Server(
+            uvicorn.Config(
+                create_envd_app(host, token),
+                log_level="warning",
+                access_log=False,
+                lifespan="off",  # the daemon's own app starts and closes the host
+                loop="asyncio",
+                timeout_graceful_shutdown=1,
+            )
+        )
+
+    async def serve(self) -> None:
+        """Serve until :meth:`stop`; closes the socket."""
+        try:
+            await self._server.serve(sockets=[self._sock])
+        finally:
+            self._sock.close()
+
+    def stop(self) -> None:
+        """Ask the server to exit (it finishes on its loop)."""
+        self._server.should_exit = True

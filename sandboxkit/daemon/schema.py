@@ -1,0 +1,379 @@
+"""The API's bodies, defined once as typed models: they validate requests (strictly, before
+anything changes), describe responses, and generate the OpenAPI document's schemas.
+
+Validation is msgspec's: JSON is decoded straight into these structs, so a value that is the
+wrong type, out of range, too long or unknown never reaches the daemon's state. What JSON
+itself cannot carry (NaN, Infinity, lone surrogates) is refused as well, since whatever the
+daemon stores must serialise back, in every list and every event, forever.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Annotated, Any, Literal, TypeVar
+
+import msgspec
+from msgspec import Meta, Struct
+
+from sandboxkit.errors import ERROR_TABLE, InvalidArgument, MalformedFrame
+
+__all__ = [
+    "ERROR_SCHEMA",
+    "REQUEST_MODELS",
+    "RESPONSE_MODELS",
+    "ConsumerRow",
+    "CreateSandbox",
+    "EventRow",
+    "EventsQuery",
+    "Health",
+    "KilledProcess",
+    "ProcessInfo",
+    "SandboxInfo",
+    "SetTimeout",
+    "StartProcess",
+    "StdinAck",
+    "StdinBatch",
+    "StreamQuery",
+    "decode_body",
+    "decode_query",
+    "encode_json",
+]
+
+# -- bounds --------------------------------------------------------------------------------
+
+MAX_INT = 2**63 - 1
+MAX_SECONDS = 10**9
+"""About 31 years: any longer timeout is a mistake, and ``asyncio.sleep`` would overflow."""
+MAX_ARG = 128 * 1024 - 1
+"""Linux refuses any single argv or environment string of 128 KiB or more (MAX_ARG_STRLEN)."""
+MAX_ENVS = 4096
+MAX_ARGV = 4096
+MAX_METADATA = 256
+
+_NO_NUL = r"^[^\x00]*$"
+_ENV_KEY = r"^[^=\x00]+$"
+
+Seconds = Annotated[float, Meta(gt=0, le=MAX_SECONDS, description="seconds, > 0")]
+ExecText = Annotated[str, Meta(max_length=MAX_ARG, pattern=_NO_NUL)]
+"""A string that reaches ``execve``: no NUL, shorter than the kernel's per-string limit."""
+EnvKey = Annotated[str, Meta(min_length=1, max_length=4096, pattern=_ENV_KEY)]
+EnvValue = Annotated[str, Meta(max_length=MAX_ARG, pattern=_NO_NUL)]
+Envs = Annotated[dict[EnvKey, EnvValue], Meta(max_length=MAX_ENVS)]
+Label = Annotated[str, Meta(max_length=256)]
+Count = Annotated[int, Meta(ge=0, le=MAX_INT)]
+Role = Annotated[str, Meta(pattern=r"^[a-z0-9_-]{1,32}$")]
+FanoutName = Literal["cursor", "blocking", "kick"]
+
+
+# -- requests ------------------------------------------------------------------------------
+
+
+class CreateSandbox(Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """``POST /sandboxes``."""
+
+    envs: Envs = {}
+    timeout: Seconds | None = None
+    on_timeout: Literal["pause", "kill"] = "pause"
+    auto_resume: bool = False
+    metadata: Annotated[
+        dict[Label, Annotated[str, Meta(max_length=64 * 1024)]], Meta(max_length=MAX_METADATA)
+    ] = {}
+    fanout: FanoutName | None = None
+    kick_grace: Annotated[float, Meta(ge=0, le=3600)] | None = None
+    pause_ghosts: bool = False
+    ghost_buffer: Annotated[int, Meta(ge=1, le=16 * 1024 * 1024)] | None = None
+
+
+class SetTimeout(Struct, forbid_unknown_fields=True):
+    """``POST /sandboxes/{sid}/timeout``: ``null`` means no idle timeout."""
+
+    timeout: Seconds | None = None
+
+
+class StartProcess(Struct, forbid_unknown_fields=True):
+    """``POST /sandboxes/{sid}/processes``: exactly one of ``cmd`` (run by ``/bin/sh -c``)
+    and ``argv``."""
+
+    cmd: ExecText | None = None
+    argv: Annotated[list[ExecText], Meta(min_length=1, max_length=MAX_ARGV)] | None = None
+    cwd: Annotated[str, Meta(max_length=4096, pattern=_NO_NUL)] | None = None
+    envs: Envs = {}
+    pty: bool = False
+    timeout: Seconds | None = None
+    tag: Label | None = None
+
+
+class StdinBatch(Struct, forbid_unknown_fields=True):
+    """``POST .../stdin``: batch ``seq`` of writer ``session``; ``data`` is base64."""
+
+    session: Annotated[str, Meta(min_length=1, max_length=128, pattern=_NO_NUL)]
+    seq: Count
+    data: bytes
+
+
+class StreamQuery(Struct):
+    """Query of ``GET .../stream``."""
+
+    cursor: Count | None = None
+    name: Label | None = None
+    role: Role | None = None
+
+
+class EventsQuery(Struct):
+    """Query of ``GET /events``."""
+
+    since: Count = 0
+    pid: Annotated[int, Meta(ge=-MAX_INT, le=MAX_INT)] | None = None
+
+
+REQUEST_MODELS: tuple[type[Struct], ...] = (CreateSandbox, SetTimeout, StartProcess, StdinBatch)
+
+# -- responses (documentation and tests: the daemon's views are plain dicts) --------------
+
+
+class Health(Struct):
+    status: str
+    version: str
+    started_at: float
+    sandboxes: int
+    closing: bool
+
+
+class SandboxInfo(Struct):
+    sandbox_id: str
+    state: Literal["running", "paused", "killed"]
+    workdir: str
+    envs: dict[str, str]
+    timeout: float | None
+    on_timeout: Literal["pause", "kill"]
+    auto_resume: bool
+    metadata: dict[str, str]
+    fanout: str
+    kick_grace: float
+    pause_ghosts: bool
+    created_at: float
+    killed_at: float | None
+    freezer: str
+    processes: int
+
+
+class ProcessSpecInfo(Struct):
+    cmd: str | None
+    argv: list[str] | None
+    cwd: str | None
+    envs: dict[str, str]
+    pty: bool
+    timeout: float | None
+    tag: str | None
+
+
+class ProcessInfo(Struct):
+    pid: int
+    sandbox_id: str
+    spec: ProcessSpecInfo
+    state: Literal["running", "paused", "exited"]
+    exit_code: int | None
+    started_at: float
+    ended_at: float | None
+    kill_reason: str | None
+    restarted_from: int | None
+    restarted_to: int | None
+    head: int
+    first_seq: int
+    total_bytes: int
+    evicted_bytes: int
+    consumers: int
+    stdin_buffered: int
+    """Stdin bytes waiting in the daemon for the process to read them."""
+    stdin_limit: int
+    """Past this many waiting bytes, a batch waits, then gets 429 ``stdin_busy``."""
+    stdin_sessions: int
+    """Stdin writer sessions remembered (each for its lifetime, for exactly-once)."""
+
+
+class KilledProcess(ProcessInfo):
+    killed: bool
+
+
+class StdinAck(Struct):
+    session: str
+    acked: int
+    next_seq: int
+    duplicate: bool
+
+
+class ConsumerRow(Struct):
+    """One consumer. ``state``: ``streaming`` (keeping up), ``blocked`` (its own send is
+    stuck: the peer takes no more bytes), ``starved`` (output waits for it, yet it is not
+    sending: held back by someone else, e.g. the lab's shared loop), ``kicked``/``closed``
+    (final: ``lag_bytes`` and ``head`` are frozen at that moment). ``role`` is the client's
+    label (default ``sdk``); ``ghost`` marks a pause-snapshot ghost."""
+
+    consumer_id: str
+    name: str
+    role: str
+    sandbox_id: str
+    pid: int
+    peer: str | None
+    ghost: bool
+    cursor: int
+    head: int
+    lag_bytes: int
+    bytes_sent: int
+    frames_sent: int
+    state: Literal["streaming", "blocked", "starved", "kicked", "closed"]
+    blocked_since: float | None
+    starved_since: float | None
+    last_send: float | None
+    attached_at: float
+    closed_at: float | None
+    close_reason: str | None
+
+
+class EventRow(Struct):
+    seq: int
+    ts: float
+    kind: str
+    sandbox_id: str | None
+    pid: int | None
+    reason: str | None
+    data: dict[str, Any]
+
+
+RESPONSE_MODELS: tuple[type[Any], ...] = (
+    Health,
+    SandboxInfo,
+    ProcessInfo,
+    KilledProcess,
+    StdinAck,
+    ConsumerRow,
+    EventRow,
+)
+
+ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["code", "message", "details"],
+    "properties": {
+        "code": {"type": "string", "enum": sorted(ERROR_TABLE)},
+        "message": {"type": "string"},
+        "details": {"type": "object"},
+    },
+}
+
+# -- decoding ------------------------------------------------------------------------------
+
+T = TypeVar("T", bound=Struct)
+
+_decoders: dict[type[Any], msgspec.json.Decoder[Any]] = {}
+_AT = re.compile(r"`\$\.([A-Za-z_][A-Za-z0-9_]*)")
+_NAMED = re.compile(r"field `([^`]*)`")
+
+
+def _field_of(message: str) -> str | None:
+    found = _AT.search(message) or _NAMED.search(message)
+    return found.group(1) if found else None
+
+
+def _invalid(exc: msgspec.ValidationError) -> InvalidArgument:
+    message = str(exc)
+    return InvalidArgument(message, field=_field_of(message))
+
+
+def decode_body(raw: bytes, model: type[T]) -> T:
+    """The request body as ``model``; MalformedFrame if it is not a JSON object,
+    InvalidArgument (naming the field) for anything the model refuses."""
+    if not raw.strip():
+        raw = b"{}"
+    decoder = _decoders.get(model)
+    if decoder is None:
+        decoder = _decoders[model] = msgspec.json.Decoder(model)
+    try:
+        result: T = decoder.decode(raw)
+        return result
+    except msgspec.ValidationError as exc:
+        message = str(exc)
+        if message.startswith("Expected `object`, got") and "`$." not in message:
+            raise MalformedFrame("request body must be a JSON object") from None
+        raise _invalid(exc) from None
+    except msgspec.DecodeError as exc:
+        raise _not_json(raw, str(exc)) from None
+
+
+def _not_json(raw: bytes, reason: str) -> Exception:
+    """Bytes msgspec refuses as JSON: NaN, Infinity and lone surrogates (which Python's
+    own parser takes, and which cannot be served back) are bad values of a named field;
+    anything else is not JSON at all."""
+    bad: list[str] = []
+
+    def constant(name: str) -> float:
+        bad.append(name)
+        return math.nan
+
+    try:
+        value = json.loads(raw, parse_constant=constant)
+    except (ValueError, RecursionError):
+        return MalformedFrame(f"request body is not JSON: {reason}")
+    if not isinstance(value, dict):
+        return MalformedFrame("request body must be a JSON object")
+    field = next((k for k, v in value.items() if _unservable(v)), None)
+    what = f"{bad[0]} is not a number JSON can carry" if bad else "a lone surrogate"
+    return InvalidArgument(f"{field or 'the body'}: {what}", field=field)
+
+
+def _unservable(value: Any, depth: int = 0) -> bool:
+    if depth > 64:
+        return True
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, str):
+        return _has_surrogate(value)
+    if isinstance(value, dict):
+        return any(_unservable(k, depth + 1) or _unservable(v, depth + 1) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_unservable(v, depth + 1) for v in value)
+    return False
+
+
+def _has_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def decode_query(params: dict[str, str], model: type[T]) -> T:
+    """Query parameters as ``model`` (strings converted to the declared types)."""
+    try:
+        return msgspec.convert(params, model, strict=False)
+    except msgspec.ValidationError as exc:
+        raise _invalid(exc) from None
+
+
+# -- encoding ------------------------------------------------------------------------------
+
+_encoder = msgspec.json.Encoder()
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def encode_json(data: Any) -> bytes:
+    """JSON for a response: never fails. Non-finite floats become ``null`` (msgspec) and
+    strings that are not valid Unicode are repaired rather than refusing to answer."""
+    try:
+        return _encoder.encode(data)
+    except (UnicodeEncodeError, TypeError, ValueError, OverflowError):
+        return _encoder.encode(_repair(data))
+
+
+def _repair(value: Any) -> Any:
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {str(_repair(k)): _repair(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_repair(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    return _repair(repr(value))
