@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from typing import Any
+from typing import Any, Literal, overload
 
 from sandboxkit.client.api import ApiClient
 from sandboxkit.client.output import DEFAULT_KEEP_OUTPUT, Cursor, KeepOutput
@@ -194,6 +194,45 @@ class AsyncCommands:
         body["argv" if isinstance(cmd, list) else "cmd"] = cmd
         return ProcessInfo.from_json(await self._call("POST", self._path(), json=body))
 
+    @overload
+    async def run(
+        self,
+        cmd: str | list[str],
+        background: Literal[False] = False,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+        envs: dict[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        *,
+        pty: bool = False,
+        on_gap: OnGap = None,
+        lines: bool = True,
+        on_stdout_bytes: BytesCallback | None = None,
+        on_stderr_bytes: BytesCallback | None = None,
+        keep_output: KeepOutput | None = None,
+    ) -> CommandResult: ...
+
+    @overload
+    async def run(
+        self,
+        cmd: str | list[str],
+        background: Literal[True],
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+        envs: dict[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        *,
+        pty: bool = False,
+        on_gap: OnGap = None,
+        lines: bool = True,
+        on_stdout_bytes: BytesCallback | None = None,
+        on_stderr_bytes: BytesCallback | None = None,
+        keep_output: KeepOutput | None = None,
+    ) -> AsyncCommandHandle: ...
+
+    @overload
     async def run(
         self,
         cmd: str | list[str],
@@ -210,7 +249,25 @@ class AsyncCommands:
         on_stdout_bytes: BytesCallback | None = None,
         on_stderr_bytes: BytesCallback | None = None,
         keep_output: KeepOutput | None = None,
-    ) -> Any:
+    ) -> CommandResult | AsyncCommandHandle: ...
+
+    async def run(
+        self,
+        cmd: str | list[str],
+        background: bool = False,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+        envs: dict[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        *,
+        pty: bool = False,
+        on_gap: OnGap = None,
+        lines: bool = True,
+        on_stdout_bytes: BytesCallback | None = None,
+        on_stderr_bytes: BytesCallback | None = None,
+        keep_output: KeepOutput | None = None,
+    ) -> CommandResult | AsyncCommandHandle:
         """Run a command. Foreground (default): wait and return a :class:`CommandResult`,
         raising CommandExitError on a non-zero exit. ``background=True``: return an
         :class:`AsyncCommandHandle` at once.

@@ -7,22 +7,25 @@ asyncio to nest loops silently stalls the cells queued behind.
 
 from __future__ import annotations
 
-from collections.abc import Coroutine
+import builtins
+from collections.abc import Coroutine, Iterable
 from types import TracebackType
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
 import httpx
 import pandas as pd
 
 from sandboxkit.client.commands import AsyncCommandHandle, AsyncCommands
 from sandboxkit.client.files import Files
+from sandboxkit.client.local import Connection
 from sandboxkit.client.loop_thread import LoopThread, shared_loop_thread
 from sandboxkit.client.output import DEFAULT_KEEP_OUTPUT, Cursor, KeepOutput
 from sandboxkit.client.results import CommandResult, Failed, Ok, ProcessInfo, SandboxInfo
 from sandboxkit.client.sandbox import DEFAULT_TIMEOUT, AsyncSandbox
-from sandboxkit.client.stream import BytesCallback, OnGap, OutputCallback
+from sandboxkit.client.stdin import StdinSession
+from sandboxkit.client.stream import BytesCallback, OnGap, OutputCallback, ProcessStream
 
-__all__ = ["CommandHandle", "Commands", "Sandbox"]
+__all__ = ["CommandHandle", "Commands", "Sandbox", "SyncStdinSession"]
 
 T = TypeVar("T")
 
@@ -71,13 +74,24 @@ class CommandHandle:
         return self._handle.exit_code
 
     @property
-    def stream(self) -> Any:
+    def stream(self) -> ProcessStream:
         """The underlying :class:`ProcessStream` (stats, states)."""
         return self._handle.stream
 
+    @property
+    def done(self) -> bool:
+        """True once the stream ended (exit, error or disconnect)."""
+        return self._handle.done
+
+    def result(self) -> CommandResult:
+        """What was received so far, as a :class:`CommandResult`."""
+        return self._handle.result()
+
     def wait(self, timeout: float | None = None) -> CommandResult:
         """Wait for exit and return the result; raises CommandExitError when the exit code
-        is not 0, also for a killed process (see :meth:`AsyncCommandHandle.wait`)."""
+        is not 0, also for a killed process (see :meth:`AsyncCommandHandle.wait`).
+        ``timeout``: give up waiting after that many seconds with TimeoutError; the
+        process runs on and this handle keeps following it, so ``wait`` again later."""
         return self._loop.run(self._handle.wait(), timeout=timeout)
 
     def kill(self) -> bool:
@@ -97,12 +111,129 @@ class CommandHandle:
         return f"<CommandHandle pid={self.pid} cursor={self.cursor} exit={self.exit_code}>"
 
 
+class SyncStdinSession:
+    """Sync view of :class:`StdinSession`: writes run on the loop thread."""
+
+    def __init__(self, session: StdinSession, loop: LoopThread) -> None:
+        self._session = session
+        self._loop = loop
+
+    @property
+    def unacked_bytes(self) -> int:
+        """Bytes written but not yet acked."""
+        return self._session.unacked_bytes
+
+    @property
+    def finished(self) -> bool:
+        """Inputs exhausted and nothing in flight: the session has succeeded."""
+        return self._session.finished
+
+    def write(self, data: bytes | str) -> int:
+        """Queue one batch; returns its sequence number."""
+        return self._loop.run(self._session.write(data))
+
+    def write_all(self, inputs: Iterable[bytes | str]) -> None:
+        """Write every input, then :meth:`close`."""
+        for item in inputs:
+            self.write(item)
+        self.close()
+
+    def close(self) -> None:
+        """No more inputs: wait until every batch is acked (or raise why it cannot be)."""
+        self._loop.run(self._session.close())
+
+    def abort(self) -> None:
+        """Stop now; unacked batches may or may not have been applied."""
+        self._loop.run(self._session.abort())
+
+    def __enter__(self) -> SyncStdinSession:
+        return self
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
 class Commands:
     """Sync view of :class:`AsyncCommands`."""
 
     def __init__(self, commands: AsyncCommands, loop: LoopThread) -> None:
         self._commands = commands
         self._loop = loop
+
+    def start(
+        self,
+        cmd: str | list[str],
+        *,
+        envs: dict[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        pty: bool = False,
+        tag: str | None = None,
+    ) -> ProcessInfo:
+        """Start a process without following it (see :meth:`AsyncCommands.start`)."""
+        return self._loop.run(
+            self._commands.start(cmd, envs=envs, cwd=cwd, timeout=timeout, pty=pty, tag=tag)
+        )
+
+    @overload
+    def run(
+        self,
+        cmd: str | list[str],
+        background: Literal[False] = False,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+        envs: dict[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        *,
+        pty: bool = False,
+        on_gap: OnGap = None,
+        lines: bool = True,
+        on_stdout_bytes: BytesCallback | None = None,
+        on_stderr_bytes: BytesCallback | None = None,
+        keep_output: KeepOutput | None = None,
+    ) -> CommandResult: ...
+
+    @overload
+    def run(
+        self,
+        cmd: str | list[str],
+        background: Literal[True],
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+        envs: dict[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        *,
+        pty: bool = False,
+        on_gap: OnGap = None,
+        lines: bool = True,
+        on_stdout_bytes: BytesCallback | None = None,
+        on_stderr_bytes: BytesCallback | None = None,
+        keep_output: KeepOutput | None = None,
+    ) -> CommandHandle: ...
+
+    @overload
+    def run(
+        self,
+        cmd: str | list[str],
+        background: bool = False,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+        envs: dict[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        *,
+        pty: bool = False,
+        on_gap: OnGap = None,
+        lines: bool = True,
+        on_stdout_bytes: BytesCallback | None = None,
+        on_stderr_bytes: BytesCallback | None = None,
+        keep_output: KeepOutput | None = None,
+    ) -> CommandResult | CommandHandle: ...
 
     def run(
         self,
@@ -120,7 +251,7 @@ class Commands:
         on_stdout_bytes: BytesCallback | None = None,
         on_stderr_bytes: BytesCallback | None = None,
         keep_output: KeepOutput | None = None,
-    ) -> Any:
+    ) -> CommandResult | CommandHandle:
         """Run a command: a :class:`CommandResult`, or with ``background=True`` a
         :class:`CommandHandle`. ``on_stdout``/``on_stderr`` get whole lines without their
         newline (``lines=False``: raw chunks); they run on the client's background loop
@@ -204,6 +335,10 @@ class Commands:
         """Kill and start the same command again; returns the new process."""
         return self._loop.run(self._commands.restart(pid))
 
+    def stdin_session(self, pid: int, **options: Any) -> SyncStdinSession:
+        """An exactly-once stdin session for ``pid`` (see :class:`StdinSession`)."""
+        return SyncStdinSession(self._commands.stdin_session(pid, **options), self._loop)
+
     def send_stdin(self, pid: int, data: str | bytes) -> None:
         """Write to a process's stdin, exactly once."""
         self._loop.run(self._commands.send_stdin(pid, data))
@@ -282,16 +417,32 @@ class Sandbox:
 
     @classmethod
     def connect(
-        cls, sandbox_id: str, *, url: str | None = None, token: str | None = None
+        cls,
+        sandbox_id: str,
+        *,
+        url: str | None = None,
+        token: str | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> Sandbox:
         """Attach to an existing sandbox."""
         loop = shared_loop_thread()
-        return cls(loop.run(AsyncSandbox.connect(sandbox_id, url=url, token=token)), loop)
+        sbx = loop.run(AsyncSandbox.connect(sandbox_id, url=url, token=token, transport=transport))
+        return cls(sbx, loop)
 
     @staticmethod
-    def list(*, url: str | None = None, token: str | None = None) -> list[SandboxInfo]:
+    def list(
+        *,
+        url: str | None = None,
+        token: str | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> list[SandboxInfo]:
         """Every sandbox the daemon knows."""
-        return _run(AsyncSandbox.list(url=url, token=token))
+        return _run(AsyncSandbox.list(url=url, token=token, transport=transport))
+
+    @property
+    def connection(self) -> Connection:
+        """The daemon this sandbox lives on (url and token)."""
+        return self._async.connection
 
     def get_info(self) -> SandboxInfo:
         """Fresh state from the daemon."""
@@ -327,6 +478,10 @@ class Sandbox:
     def consumers(self) -> pd.DataFrame:
         """Per-consumer metrics as a DataFrame."""
         return self._loop.run(self._async.consumers())
+
+    def raw_events(self, since: int = 0) -> builtins.list[dict[str, Any]]:
+        """The event journal as the daemon sends it."""
+        return self._loop.run(self._async.raw_events(since))
 
     def __enter__(self) -> Sandbox:
         return self
