@@ -9,6 +9,7 @@ import asyncio
 import re
 import socket
 import sys
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -130,6 +131,19 @@ class _Run:
         ]
 
 
+@pytest.fixture
+async def run(conn: dict[str, str]) -> AsyncIterator[_Run]:
+    """A sandbox whose writer has run to its end, with the recorder's ground truth."""
+    async with await AsyncSandbox.create(**conn) as sbx:
+        api = ApiClient(conn["url"], conn["token"])
+        try:
+            started = _Run(sbx, api)
+            await started.start()
+            yield started
+        finally:
+            await api.aclose()
+
+
 def _check_gap_then_data(frames: list[Frame], run: _Run, cursor: int) -> Frame:
     """``start``, one ``gap`` from ``cursor`` to the oldest retained chunk with exactly the
     bytes in between, then every retained chunk and ``end``: received + lost == written."""
@@ -155,39 +169,33 @@ def _check_gap_then_data(frames: list[Frame], run: _Run, cursor: int) -> Frame:
 
 
 @pytest.mark.timeout(30)
-async def test_consumer_behind_retention_gets_an_exact_gap_frame(conn: dict[str, str]) -> None:
-    async with await AsyncSandbox.create(**conn) as sbx:
-        api = ApiClient(conn["url"], conn["token"])
-        try:
-            run = _Run(sbx, api)
-            await run.start()
-            info = await run.info()
-            first = info["first_seq"]
-            assert first > 2 and info["evicted_bytes"] == TOTAL - sum(
-                size for seq, (_, size) in run.known.items() if seq >= first
-            )
+async def test_consumer_behind_retention_gets_an_exact_gap_frame(run: _Run) -> None:
+    api = run.api
+    info = await run.info()
+    first = info["first_seq"]
+    assert first > 2 and info["evicted_bytes"] == TOTAL - sum(
+        size for seq, (_, size) in run.known.items() if seq >= first
+    )
 
-            # From the very beginning, and from the middle of the evicted range (a chunk
-            # whose offset the recorder saw).
-            middle = min((s for s in run.known if 0 < s < first), key=lambda s: abs(s - first // 2))
-            for cursor in (0, middle):
-                frames = await _read_all(api, run.path, cursor=cursor, name=f"late{cursor}")
-                gap = _check_gap_then_data(frames, run, cursor)
-                assert gap.meta["first_available"] == first
+    # From the very beginning, and from the middle of the evicted range (a chunk
+    # whose offset the recorder saw).
+    middle = min((s for s in run.known if 0 < s < first), key=lambda s: abs(s - first // 2))
+    for cursor in (0, middle):
+        frames = await _read_all(api, run.path, cursor=cursor, name=f"late{cursor}")
+        gap = _check_gap_then_data(frames, run, cursor)
+        assert gap.meta["first_available"] == first
 
-            # Each gap is journaled with the same numbers.
-            for cursor in (0, middle):
-                (event,) = await run.gap_events(f"late{cursor}")
-                data = event["data"]
-                assert (data["cursor"], data["first_available"]) == (cursor, first)
-                assert data["bytes_lost"] == run.offset(first) - run.offset(cursor)
+    # Each gap is journaled with the same numbers.
+    for cursor in (0, middle):
+        (event,) = await run.gap_events(f"late{cursor}")
+        data = event["data"]
+        assert (data["cursor"], data["first_available"]) == (cursor, first)
+        assert data["bytes_lost"] == run.offset(first) - run.offset(cursor)
 
-            # A cursor inside retention gets no gap.
-            frames = await _read_all(api, run.path, cursor=info["first_seq"], name="fresh")
-            assert FrameKind.GAP not in [f.kind for f in frames]
-            assert not await run.gap_events("fresh")
-        finally:
-            await api.aclose()
+    # A cursor inside retention gets no gap.
+    frames = await _read_all(api, run.path, cursor=info["first_seq"], name="fresh")
+    assert FrameKind.GAP not in [f.kind for f in frames]
+    assert not await run.gap_events("fresh")
 
 
 @pytest.mark.timeout(30)
@@ -280,75 +288,63 @@ async def test_attached_consumer_that_falls_behind_retention_gets_a_gap(
 
 
 @pytest.mark.timeout(30)
-async def test_sdk_reports_gaps_to_on_gap(conn: dict[str, str]) -> None:
-    async with await AsyncSandbox.create(**conn) as sbx:
-        api = ApiClient(conn["url"], conn["token"])
-        try:
-            run = _Run(sbx, api)
-            await run.start()
-            first = (await run.info())["first_seq"]
-            lost = run.offset(first)
+async def test_sdk_reports_gaps_to_on_gap(run: _Run) -> None:
+    sbx = run.sbx
+    first = (await run.info())["first_seq"]
+    lost = run.offset(first)
 
-            gaps: list[GapInfo] = []
-            text: list[str] = []
-            handle = await sbx.commands.connect(
-                run.pid, cursor=0, on_stdout=text.append, on_gap=gaps.append, lines=False
-            )
-            result = await asyncio.wait_for(handle.wait(), 20)
-            assert gaps == [GapInfo(cursor=0, first_available=first, bytes_lost=lost)]
-            assert result.exit_code == 0
-            received = "".join(text).encode()
-            assert received == expected_output()[lost:]
-            assert lost + len(received) == TOTAL
-            assert result.stdout.encode() == received
-            assert handle.stream.stats.gaps == 1
-            assert handle.stream.stats.bytes_lost == lost
-            assert handle.stream.gaps == gaps
+    gaps: list[GapInfo] = []
+    text: list[str] = []
+    handle = await sbx.commands.connect(
+        run.pid, cursor=0, on_stdout=text.append, on_gap=gaps.append, lines=False
+    )
+    result = await asyncio.wait_for(handle.wait(), 20)
+    assert gaps == [GapInfo(cursor=0, first_available=first, bytes_lost=lost)]
+    assert result.exit_code == 0
+    received = "".join(text).encode()
+    assert received == expected_output()[lost:]
+    assert lost + len(received) == TOTAL
+    assert result.stdout.encode() == received
+    assert handle.stream.stats.gaps == 1
+    assert handle.stream.stats.bytes_lost == lost
+    assert handle.stream.gaps == gaps
 
-            # on_gap="raise": the handle's wait raises OutputGap with the same numbers.
-            handle = await sbx.commands.connect(run.pid, cursor=0, on_gap="raise")
-            with pytest.raises(OutputGap) as caught:
-                await asyncio.wait_for(handle.wait(), 20)
-            error = caught.value
-            assert (error.pid, error.cursor, error.first_available, error.bytes_lost) == (
-                run.pid,
-                0,
-                first,
-                lost,
-            )
-            assert handle.stdout == ""  # nothing delivered past an unhandled gap
-            # Both SDK streams' gaps were journaled.
-            events = [e["data"] for e in await run.gap_events() if e["data"]["cursor"] == 0]
-            assert [(e["first_available"], e["bytes_lost"]) for e in events] == [(first, lost)] * 2
-        finally:
-            await api.aclose()
+    # on_gap="raise": the handle's wait raises OutputGap with the same numbers.
+    handle = await sbx.commands.connect(run.pid, cursor=0, on_gap="raise")
+    with pytest.raises(OutputGap) as caught:
+        await asyncio.wait_for(handle.wait(), 20)
+    error = caught.value
+    assert (error.pid, error.cursor, error.first_available, error.bytes_lost) == (
+        run.pid,
+        0,
+        first,
+        lost,
+    )
+    assert handle.stdout == ""  # nothing delivered past an unhandled gap
+    # Both SDK streams' gaps were journaled.
+    events = [e["data"] for e in await run.gap_events() if e["data"]["cursor"] == 0]
+    assert [(e["first_available"], e["bytes_lost"]) for e in events] == [(first, lost)] * 2
 
 
 @pytest.mark.timeout(30)
-async def test_sdk_gap_is_visible_by_default(conn: dict[str, str]) -> None:
-    async with await AsyncSandbox.create(**conn) as sbx:
-        api = ApiClient(conn["url"], conn["token"])
-        try:
-            run = _Run(sbx, api)
-            await run.start()
-            first = (await run.info())["first_seq"]
-            lost = run.offset(first)
+async def test_sdk_gap_is_visible_by_default(run: _Run) -> None:
+    sbx = run.sbx
+    first = (await run.info())["first_seq"]
+    lost = run.offset(first)
 
-            # No on_gap: a typed warning, and a marker where the bytes are missing.
-            with pytest.warns(OutputGapWarning, match=f"{lost} bytes"):
-                handle = await sbx.commands.connect(run.pid, cursor=0)
-                await asyncio.wait_for(handle.wait(), 20)
-            gap = GapInfo(cursor=0, first_available=first, bytes_lost=lost)
-            assert handle.stdout == gap_marker(gap) + expected_output()[lost:].decode()
-            assert handle.stdout_bytes == expected_output()[lost:]  # bytes stay exact
+    # No on_gap: a typed warning, and a marker where the bytes are missing.
+    with pytest.warns(OutputGapWarning, match=f"{lost} bytes"):
+        handle = await sbx.commands.connect(run.pid, cursor=0)
+        await asyncio.wait_for(handle.wait(), 20)
+    gap = GapInfo(cursor=0, first_available=first, bytes_lost=lost)
+    assert handle.stdout == gap_marker(gap) + expected_output()[lost:].decode()
+    assert handle.stdout_bytes == expected_output()[lost:]  # bytes stay exact
 
-            # keep_output bounds what a handle keeps: the newest bytes.
-            handle = await sbx.commands.connect(run.pid, first, keep_output=10_000)
-            await asyncio.wait_for(handle.wait(), 20)
-            assert handle.stdout_bytes == expected_output()[-10_000:]
-            assert handle.result().bytes_lost == TOTAL - lost - 10_000
-        finally:
-            await api.aclose()
+    # keep_output bounds what a handle keeps: the newest bytes.
+    handle = await sbx.commands.connect(run.pid, first, keep_output=10_000)
+    await asyncio.wait_for(handle.wait(), 20)
+    assert handle.stdout_bytes == expected_output()[-10_000:]
+    assert handle.result().bytes_lost == TOTAL - lost - 10_000
 
 
 @pytest.mark.timeout(30)
