@@ -7,37 +7,47 @@ The public API, re-exported from focused modules::
     with Sandbox.create() as sbx:
         handle = sbx.commands.run("python -u worker.py", background=True, on_stdout=print)
         ...
+
+Errors: ``docs/errors.md``. Where each concept lives: the README's layout table.
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from sandboxkit._lazy import lazy_exports
 from sandboxkit._version import __version__
 from sandboxkit.errors import (
     CommandExitError,
     ConsumerKicked,
     DaemonUnavailable,
+    FileNotFound,
     InvalidArgument,
     MalformedFrame,
+    NotFound,
     OutputGap,
     OutputGapWarning,
     OutputIncomplete,
+    OutputLost,
+    PayloadTooLarge,
     ProcessNotFound,
     ResultUnavailable,
+    Retriable,
     SandboxClosed,
     SandboxkitError,
     SandboxNotFound,
     SandboxPaused,
+    StdinBusy,
     StdinSeqMismatch,
+    StreamInterrupted,
     StreamStalled,
     Unauthorized,
 )
+from sandboxkit.results import CommandResult
 
 if TYPE_CHECKING:
     from sandboxkit.client import (
         AsyncCommandHandle,
         AsyncSandbox,
         CommandHandle,
-        CommandResult,
         Failed,
         GapInfo,
         Ok,
@@ -52,33 +62,27 @@ if TYPE_CHECKING:
 
 # The client (httpx, pandas) loads on first use, so that the daemon process, which shares
 # this package, never imports it.
-_CLIENT_NAMES = frozenset(
-    {
-        "AsyncCommandHandle",
-        "AsyncSandbox",
-        "CommandHandle",
-        "CommandResult",
-        "Failed",
-        "GapInfo",
-        "Ok",
-        "Outcome",
-        "ProcessInfo",
-        "ProcessStream",
-        "Sandbox",
-        "SandboxInfo",
-        "StdinSession",
-        "attempt",
-    }
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    dict.fromkeys(
+        [
+            "AsyncCommandHandle",
+            "AsyncSandbox",
+            "CommandHandle",
+            "Failed",
+            "GapInfo",
+            "Ok",
+            "Outcome",
+            "ProcessInfo",
+            "ProcessStream",
+            "Sandbox",
+            "SandboxInfo",
+            "StdinSession",
+            "attempt",
+        ],
+        "client",
+    ),
 )
-
-
-def __getattr__(name: str) -> Any:
-    if name in _CLIENT_NAMES:
-        import sandboxkit.client
-
-        return getattr(sandboxkit.client, name)
-    raise AttributeError(f"module 'sandboxkit' has no attribute {name!r}")
-
 
 __all__ = [
     "AsyncCommandHandle",
@@ -89,26 +93,33 @@ __all__ = [
     "ConsumerKicked",
     "DaemonUnavailable",
     "Failed",
+    "FileNotFound",
     "GapInfo",
     "InvalidArgument",
     "MalformedFrame",
+    "NotFound",
     "Ok",
     "Outcome",
     "OutputGap",
     "OutputGapWarning",
     "OutputIncomplete",
+    "OutputLost",
+    "PayloadTooLarge",
     "ProcessInfo",
     "ProcessNotFound",
     "ProcessStream",
     "ResultUnavailable",
+    "Retriable",
     "Sandbox",
     "SandboxClosed",
     "SandboxInfo",
     "SandboxNotFound",
     "SandboxPaused",
     "SandboxkitError",
+    "StdinBusy",
     "StdinSeqMismatch",
     "StdinSession",
+    "StreamInterrupted",
     "StreamStalled",
     "Unauthorized",
     "__version__",

@@ -20,28 +20,36 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sandboxkit._proc import pid_alive
 from sandboxkit._version import __version__
+from sandboxkit.daemon.config import DaemonConfig, LabDefaults
+from sandboxkit.lab_options import FANOUT_POLICIES, GHOST_KINDS
 from sandboxkit.statefile import DaemonState, read_state, remove_state
 
 __all__ = ["main"]
 
 
+_CONFIG_OPTIONS = (
+    "retention_bytes",
+    "output_cache_bytes",
+    "result_ttl",
+    "stall_timeout",
+    "keepalive_interval",
+    "freezer",
+)
+"""The :class:`DaemonConfig` fields ``serve`` sets from the options of the same name; each
+option's default is the field's."""
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from sandboxkit.daemon.config import DaemonConfig
     from sandboxkit.daemon.server import DaemonServer, UnsafeBind
 
     state_path = _state_path(args)  # beside another install's daemon, if one holds it
     existing = read_state(state_path)
-    if existing is not None and _alive(existing.pid) and existing.pid != os.getpid():
+    if existing is not None and pid_alive(existing.pid) and existing.pid != os.getpid():
         print(f"a daemon is already running: {existing.url} (pid {existing.pid})", file=sys.stderr)
         return 1
-    config = DaemonConfig(
-        retention_bytes=args.retention_bytes,
-        result_ttl=args.result_ttl,
-        stall_timeout=args.stall_timeout,
-        keepalive_interval=args.keepalive_interval,
-        freezer=args.freezer,
-    )
+    config = DaemonConfig(**{name: getattr(args, name) for name in _CONFIG_OPTIONS})
     try:
         server = DaemonServer(
             config,
@@ -227,7 +235,7 @@ async def _logs(
 def _cmd_stop(args: argparse.Namespace) -> int:
     state_path = _state_path(args)
     state = read_state(state_path)
-    if state is None or not _alive(state.pid):
+    if state is None or not pid_alive(state.pid):
         print("no daemon running")
         if state is not None:
             remove_state(state_path, state.pid)
@@ -262,31 +270,13 @@ def _cmd_tour(args: argparse.Namespace) -> int:
     return run_tour(lines=args.lines)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return _not_zombie(pid)
-
-
-def _not_zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _wait_gone(pid: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not _alive(pid):
+        if not pid_alive(pid):
             return True
         time.sleep(0.05)
-    return not _alive(pid)
+    return not pid_alive(pid)
 
 
 _STATE_FILE_HELP = (
@@ -330,6 +320,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=__version__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    config = DaemonConfig()  # the defaults of the options that set its fields
     serve = _sub(sub, "serve", "run a daemon in the foreground (127.0.0.1, bearer token)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
     serve.add_argument("--port", type=int, default=0, help="port to listen on (0: any free one)")
@@ -349,26 +340,32 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--retention-bytes",
         type=int,
-        default=8 * 1024 * 1024,
-        help="output kept per process, in bytes; older output is evicted (a reader behind "
-        "it gets a gap)",
+        default=config.retention_bytes,
+        help="output kept per process, in bytes, on disk (segment files under the daemon's "
+        "root); older output is evicted (a reader behind it gets a gap)",
+    )
+    serve.add_argument(
+        "--output-cache-bytes",
+        type=int,
+        default=config.output_cache_bytes,
+        help="memory per process for its newest output, served to readers that keep up",
     )
     serve.add_argument(
         "--result-ttl",
         type=float,
-        default=900.0,
+        default=config.result_ttl,
         help="seconds an exited process's output and exit code stay available",
     )
     serve.add_argument(
         "--stall-timeout",
         type=float,
-        default=10.0,
+        default=config.stall_timeout,
         help="seconds a stream may make no progress before the daemon kicks it",
     )
     serve.add_argument(
         "--keepalive-interval",
         type=float,
-        default=2.0,
+        default=config.keepalive_interval,
         help="seconds between keepalive frames on an idle stream",
     )
     serve.add_argument(
@@ -384,7 +381,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--freezer",
         choices=["auto", "cgroup", "signals"],
-        default="auto",
+        default=config.freezer,
         help="how pause freezes a process tree: cgroup freezer, SIGSTOP/SIGCONT, or the "
         "best available",
     )
@@ -444,15 +441,15 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--policies",
         nargs="+",
-        default=["blocking", "kick", "cursor"],
-        choices=["blocking", "kick", "cursor"],
+        default=list(FANOUT_POLICIES),
+        choices=FANOUT_POLICIES,
         help="fan-out policies to compare",
     )
     demo.add_argument(
         "--ghost",
         nargs="+",
         default=["pause-snapshot"],
-        choices=["pause-snapshot", "leaky", "frozen", "none"],
+        choices=GHOST_KINDS,
         help="what a stream open at a pause becomes",
     )
     demo.add_argument("--out", default="demo-output", help="folder for the CSV and PNG files")
@@ -466,7 +463,8 @@ def _parser() -> argparse.ArgumentParser:
         "--kick-grace",
         type=float,
         default=None,
-        help="seconds the kick policy waits on a full queue (default: the daemon's, 5)",
+        help="seconds the kick policy waits on a full queue (default: the daemon's, "
+        f"{LabDefaults().kick_grace:g})",
     )
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
     demo.add_argument(

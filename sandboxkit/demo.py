@@ -19,6 +19,7 @@ import pandas as pd
 
 from sandboxkit.client.local import spawn_daemon
 from sandboxkit.client.sync import Sandbox
+from sandboxkit.lab_options import FANOUT_POLICIES
 from sandboxkit.statefile import DaemonState
 
 __all__ = ["private_daemon", "run_experiment", "run_tour"]
@@ -167,7 +168,7 @@ def _tour(lines: int, url: str, token: str | None) -> int:
 
 def run_experiment(
     cycles: int = 6,
-    policies: Sequence[str] = ("blocking", "kick", "cursor"),
+    policies: Sequence[str] = FANOUT_POLICIES,
     ghosts: Sequence[str] = ("pause-snapshot",),
     out: Path = Path("demo-output"),
     *,

@@ -1,41 +1,58 @@
 """The one error vocabulary shared by the daemon, the wire and the client.
 
-Every error has a wire ``code`` and an HTTP ``status``; :data:`ERROR_TABLE` maps codes to
-classes so that an error raised in the daemon is re-raised in the client as the same class
-with the same fields.
+Every error is a :class:`SandboxkitError` with a wire ``code`` and an HTTP ``status``;
+:data:`ERROR_TABLE` maps codes to classes, so an error raised in the daemon is re-raised in
+the client as the same class with the same fields. The table of codes, classes, statuses
+and who raises each is ``docs/errors.md`` (a test holds it to this module).
 
-=====================  ======  =========================================================
-class                  status  meaning
-=====================  ======  =========================================================
-SandboxNotFound        404     no sandbox with that id
-SandboxPaused          409     the sandbox is paused and does not auto-resume
-SandboxClosed          409     this client was closed (``close()``/``kill()``/``with`` exit)
-ProcessNotFound        404     no process with that pid in the sandbox
-ResultUnavailable      410     the process is unknown, or its result outlived the TTL
-OutputGap              410     the cursor fell behind retention (bytes were evicted)
-OutputIncomplete       410     a foreground command's output was not all received or kept
-ConsumerKicked         409     the daemon closed a stream that made no progress
-StreamStalled          504     the client saw no frame within its watchdog bound
-CommandExitError       500     a foreground command exited non-zero (carries the result)
-StdinSeqMismatch       409     a stdin batch arrived out of order
-StdinBusy              429     the process's stdin buffer is full; retry the same batch later
-MalformedFrame         400     bytes on the wire are not a valid frame or JSON body
-DaemonUnavailable      503     the daemon cannot be reached or is shutting down
-Unauthorized           401     missing or wrong bearer token
-FileNotFound           404     no file (or directory) at that path in the sandbox
-InvalidArgument        422     a well-formed request with a bad value
-PayloadTooLarge        413     the request body is larger than the daemon accepts
-=====================  ======  =========================================================
+Catch a category rather than listing classes. The tree (a class under two parents is
+shown under both)::
+
+    SandboxkitError
+        NotFound
+            SandboxNotFound
+            ProcessNotFound
+            ResultUnavailable
+            FileNotFound
+        StreamInterrupted
+            ConsumerKicked
+            StreamStalled
+            DaemonUnavailable
+            MalformedFrame
+        Retriable
+            ConsumerKicked
+            StreamStalled
+            DaemonUnavailable
+            StdinBusy
+        OutputLost
+            OutputGap
+            OutputIncomplete
+        SandboxPaused
+        SandboxClosed
+        CommandExitError
+        StdinSeqMismatch
+        Unauthorized
+        InvalidArgument
+        PayloadTooLarge
+
+``NotFound``: what the request names is not there (or no longer). ``StreamInterrupted``:
+an output stream stopped before its end frame; the process may well run on.
+``Retriable``: the same call may succeed later, unchanged (a stream reattaches from its
+cursor, a stdin session resends its batch). ``OutputLost``: output was evicted or dropped
+before it was read.
+
+Errors whose ``origin`` is ``"client"`` are raised by the client itself and never sent by
+the daemon (:data:`DAEMON_ERROR_TABLE` is what the daemon's OpenAPI document lists).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Literal
 
-if TYPE_CHECKING:
-    from sandboxkit.client.results import CommandResult
+from sandboxkit.results import CommandResult
 
 __all__ = [
+    "DAEMON_ERROR_TABLE",
     "ERROR_TABLE",
     "CommandExitError",
     "ConsumerKicked",
@@ -43,18 +60,22 @@ __all__ = [
     "FileNotFound",
     "InvalidArgument",
     "MalformedFrame",
+    "NotFound",
     "OutputGap",
     "OutputGapWarning",
     "OutputIncomplete",
+    "OutputLost",
     "PayloadTooLarge",
     "ProcessNotFound",
     "ResultUnavailable",
+    "Retriable",
     "SandboxClosed",
     "SandboxNotFound",
     "SandboxPaused",
     "SandboxkitError",
     "StdinBusy",
     "StdinSeqMismatch",
+    "StreamInterrupted",
     "StreamStalled",
     "Unauthorized",
     "error_from_wire",
@@ -70,6 +91,8 @@ class SandboxkitError(Exception):
     code: ClassVar[str] = "internal"
     status: ClassVar[int] = 500
     fields: ClassVar[tuple[str, ...]] = ()
+    origin: ClassVar[Literal["daemon", "client"]] = "daemon"
+    """``client``: raised by the client itself, never sent by the daemon."""
 
     def __init__(self, message: str = "", **details: Any) -> None:
         unknown = set(details) - set(self.fields)
@@ -95,7 +118,31 @@ def _jsonable(value: Any) -> bool:
     return value is None or isinstance(value, (str, int, float, bool, list, dict))
 
 
-class SandboxNotFound(SandboxkitError):
+# -- categories: catch these; they have no wire code of their own --------------------
+
+
+class NotFound(SandboxkitError):
+    """What the request names is not there, or no longer: a sandbox, a process, its
+    result or a file."""
+
+
+class StreamInterrupted(SandboxkitError):
+    """An output stream stopped before its end frame: kicked, silent, cut off or garbled.
+    The process is not affected."""
+
+
+class Retriable(SandboxkitError):
+    """The same call may succeed if made again later, unchanged."""
+
+
+class OutputLost(SandboxkitError):
+    """Output was evicted or dropped before it was read."""
+
+
+# -- the errors ----------------------------------------------------------------------
+
+
+class SandboxNotFound(NotFound):
     """No sandbox with that id."""
 
     code = "sandbox_not_found"
@@ -119,13 +166,14 @@ class SandboxClosed(SandboxkitError):
     (the sandbox is gone). Raised by the client itself; no request is sent."""
 
     code = "sandbox_closed"
+    origin = "client"
     status = 409
     fields = ("sandbox_id", "reason")
     sandbox_id: str | None
     reason: str | None
 
 
-class ProcessNotFound(SandboxkitError):
+class ProcessNotFound(NotFound):
     """No process with that pid in the sandbox."""
 
     code = "process_not_found"
@@ -135,7 +183,7 @@ class ProcessNotFound(SandboxkitError):
     pid: int | None
 
 
-class ResultUnavailable(SandboxkitError):
+class ResultUnavailable(NotFound):
     """The process is unknown, or it exited and its result outlived the result TTL."""
 
     code = "result_unavailable"
@@ -146,10 +194,11 @@ class ResultUnavailable(SandboxkitError):
     reason: str | None
 
 
-class OutputGap(SandboxkitError):
+class OutputGap(OutputLost):
     """Output between ``cursor`` and ``first_available`` was evicted before it was read."""
 
     code = "output_gap"
+    origin = "client"
     status = 410
     fields = ("pid", "cursor", "first_available", "bytes_lost")
     pid: int | None
@@ -158,13 +207,14 @@ class OutputGap(SandboxkitError):
     bytes_lost: int | None
 
 
-class OutputIncomplete(SandboxkitError):
+class OutputIncomplete(OutputLost):
     """A foreground command finished but its result is not its whole output:
     ``bytes_lost`` bytes were evicted by the daemon before they were read (gaps) or
     dropped beyond ``keep_output``; ``result`` has what was kept (a marker where a gap
     was)."""
 
     code = "output_incomplete"
+    origin = "client"
     status = 410
     fields = ("pid", "exit_code", "bytes_lost", "result")
     pid: int | None
@@ -178,7 +228,7 @@ class OutputGapWarning(UserWarning):
     it; the handle's ``stdout`` shows a marker where the bytes are missing."""
 
 
-class ConsumerKicked(SandboxkitError):
+class ConsumerKicked(StreamInterrupted, Retriable):
     """The daemon closed this stream because its transport made no progress."""
 
     code = "consumer_kicked"
@@ -190,10 +240,11 @@ class ConsumerKicked(SandboxkitError):
     reason: str | None
 
 
-class StreamStalled(SandboxkitError):
+class StreamStalled(StreamInterrupted, Retriable):
     """The client received no frame within its watchdog bound and gave up reattaching."""
 
     code = "stream_stalled"
+    origin = "client"
     status = 504
     fields = ("pid", "cursor", "silence")
     pid: int | None
@@ -205,6 +256,7 @@ class CommandExitError(SandboxkitError):
     """A foreground command exited with a non-zero code; ``result`` has its output."""
 
     code = "command_exit"
+    origin = "client"
     status = 500
     fields = ("pid", "exit_code", "result")
     pid: int | None
@@ -223,7 +275,7 @@ class StdinSeqMismatch(SandboxkitError):
     got: int | None
 
 
-class StdinBusy(SandboxkitError):
+class StdinBusy(Retriable):
     """The process is not reading its stdin and ``buffered`` bytes already wait (the limit
     is ``limit``): nothing was written. Retryable: send the same batch again later."""
 
@@ -235,17 +287,19 @@ class StdinBusy(SandboxkitError):
     limit: int | None
 
 
-class MalformedFrame(SandboxkitError):
+class MalformedFrame(StreamInterrupted):
     """Bytes that are not a valid frame, or a request body that is not valid JSON."""
 
     code = "malformed_frame"
     status = 400
 
 
-class DaemonUnavailable(SandboxkitError):
-    """The daemon cannot be reached, or it is shutting down."""
+class DaemonUnavailable(StreamInterrupted, Retriable):
+    """The daemon cannot be reached, or a connection to it broke (a stream reattaches by
+    itself; what reaches you is what it gave up on)."""
 
     code = "daemon_unavailable"
+    origin = "client"
     status = 503
     fields = ("url",)
     url: str | None
@@ -258,7 +312,7 @@ class Unauthorized(SandboxkitError):
     status = 401
 
 
-class FileNotFound(SandboxkitError):
+class FileNotFound(NotFound):
     """No file (or directory) at that path in the sandbox."""
 
     code = "file_not_found"
@@ -306,6 +360,12 @@ ERROR_TABLE: dict[str, type[SandboxkitError]] = {
         PayloadTooLarge,
     )
 }
+
+
+DAEMON_ERROR_TABLE: dict[str, type[SandboxkitError]] = {
+    code: cls for code, cls in ERROR_TABLE.items() if cls.origin == "daemon"
+}
+"""The errors the daemon answers with (its OpenAPI document lists only these)."""
 
 
 def error_from_wire(body: Any, status: int | None = None) -> SandboxkitError:

@@ -21,6 +21,8 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from sandboxkit.errors import MalformedFrame, SandboxkitError, error_from_wire
 
 __all__ = [
@@ -87,46 +89,107 @@ class FrameDecoder:
 
     Raises :class:`~sandboxkit.errors.MalformedFrame` on bytes that cannot be a frame; the
     decoder is then unusable (the stream position is lost).
+
+    Frames are cut straight out of the bytes fed (one copy: the payload's own); only the
+    unfinished frame at the end of a feed is kept, and the next feed completes it with just
+    the bytes it lacks before going on in its own bytes (a stream read at full rate would
+    otherwise copy every byte into a buffer and out again, issue 11).
     """
 
     def __init__(self) -> None:
         self._buf = bytearray()
         self._broken = False
 
-    def feed(self, data: bytes) -> list[Frame]:
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
         """Add bytes; return every frame they complete, in order."""
         if self._broken:
             raise MalformedFrame("decoder already failed on earlier bytes")
-        self._buf += data
         frames: list[Frame] = []
-        pos = 0
-        buf = self._buf
-        while len(buf) - pos >= _HEADER.size:
-            kind, meta_len, payload_len = _HEADER.unpack_from(buf, pos)
-            if kind not in _KINDS or meta_len > MAX_META or payload_len > MAX_PAYLOAD:
-                self._broken = True
-                raise MalformedFrame(
-                    f"bad frame header: kind={kind} meta={meta_len} payload={payload_len}"
-                )
-            end = pos + _HEADER.size + meta_len + payload_len
-            if len(buf) < end:
-                break
-            meta_start = pos + _HEADER.size
+        with memoryview(data) as view:
+            start = self._finish_pending(view, frames) if self._buf else 0
+            if start < 0:  # still inside the pending frame
+                return frames
             try:
-                meta = _load_meta(bytes(buf[meta_start : meta_start + meta_len]) or b"{}")
-            except (ValueError, RecursionError) as exc:
-                # Not JSON, not UTF-8, NaN/Infinity, or nested past the parser's depth.
-                self._broken = True
-                raise MalformedFrame(f"frame metadata is not JSON: {exc!r}"[:300]) from None
-            if not isinstance(meta, dict):
-                self._broken = True
-                raise MalformedFrame("frame metadata is not a JSON object")
-            payload = bytes(buf[meta_start + meta_len : end])
-            frames.append(Frame(FrameKind(kind), meta, payload))
-            pos = end
-        if pos:
-            del buf[:pos]
+                pos = self._cut(view, start, frames)
+            except MalformedFrame:
+                self._buf += view[start:]
+                raise
+            if pos < len(view):
+                self._buf += view[pos:]
         return frames
+
+    def _finish_pending(self, view: memoryview, frames: list[Frame]) -> int:
+        """Complete the frame begun in earlier bytes from the start of ``view``: where
+        ``view``'s own frames begin, or -1 if it did not complete it (all taken in)."""
+        buf = self._buf
+        taken = 0
+        if len(buf) < _HEADER.size:
+            taken = _HEADER.size - len(buf)
+            buf += view[:taken]
+            if len(buf) < _HEADER.size:
+                return -1
+        try:
+            size = self._frame_size(buf, 0)
+        except MalformedFrame:
+            buf += view[taken:]
+            raise
+        more = size - len(buf)
+        buf += view[taken : taken + more]
+        if len(buf) < size:
+            return -1
+        with memoryview(buf) as whole:
+            try:
+                self._cut(whole, 0, frames)
+            except MalformedFrame:
+                whole.release()
+                buf += view[taken + more :]
+                raise
+        buf.clear()
+        return taken + more
+
+    def _frame_size(self, buf: bytes | bytearray | memoryview, pos: int) -> int:
+        """The whole size of the frame whose header is at ``pos``; MalformedFrame (and
+        the decoder broken) if that header cannot be a frame's."""
+        kind: int
+        meta_len: int
+        payload_len: int
+        kind, meta_len, payload_len = _HEADER.unpack_from(buf, pos)
+        if kind not in _KINDS or meta_len > MAX_META or payload_len > MAX_PAYLOAD:
+            self._broken = True
+            raise MalformedFrame(
+                f"bad frame header: kind={kind} meta={meta_len} payload={payload_len}"
+            )
+        return _HEADER.size + meta_len + payload_len
+
+    def _cut(self, view: memoryview, pos: int, frames: list[Frame]) -> int:
+        """Append the whole frames of ``view`` from ``pos``; where the first unfinished
+        one begins."""
+        end = len(view)
+        head = _HEADER.size
+        while end - pos >= head:
+            kind, meta_len, payload_len = _HEADER.unpack_from(view, pos)
+            if kind not in _KINDS or meta_len > MAX_META or payload_len > MAX_PAYLOAD:
+                self._frame_size(view, pos)  # raises, with the reason
+            meta_start = pos + head
+            payload_start = meta_start + meta_len
+            frame_end = payload_start + payload_len
+            if frame_end > end:
+                break
+            if meta_len:
+                try:
+                    meta = _decode_meta(view[meta_start:payload_start])
+                except (msgspec.MsgspecError, RecursionError) as exc:
+                    # Not JSON, not UTF-8, NaN/Infinity, not an object, or nested past
+                    # the parser's depth.
+                    self._broken = True
+                    raise MalformedFrame(
+                        f"frame metadata is not a JSON object: {exc!r}"[:300]
+                    ) from None
+            else:
+                meta = {}
+            frames.append(Frame(_KIND_OF[kind], meta, bytes(view[payload_start:frame_end])))
+            pos = frame_end
+        return pos
 
     @property
     def pending(self) -> int:
@@ -135,11 +198,8 @@ class FrameDecoder:
 
 
 _KINDS = frozenset(int(k) for k in FrameKind)
+_KIND_OF = {int(k): k for k in FrameKind}
 
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _load_meta(raw: bytes) -> Any:
-    return json.loads(raw, parse_constant=_refuse_constant)
+# msgspec's JSON is strict JSON (no NaN or Infinity, no lone surrogates) and several
+# times faster than the json module; ``dict`` refuses metadata that is not an object.
+_decode_meta = msgspec.json.Decoder(dict[str, Any]).decode

@@ -345,6 +345,28 @@ def test_every_option_says_what_it_is_and_its_default() -> None:
                 assert "default" in block, f"{option}: no default in {block!r}"
 
 
+def test_serve_defaults_are_the_daemon_configs(monkeypatch: pytest.MonkeyPatch) -> None:
+    # One source: each serve option that sets a DaemonConfig field defaults to that field,
+    # so changing the config's default changes the CLI's.
+    import dataclasses
+
+    import sandboxkit.cli as cli_module
+    from sandboxkit.daemon.config import DaemonConfig
+
+    serve = cli_module._parser().parse_args(["serve"])
+    for name in cli_module._CONFIG_OPTIONS:
+        assert getattr(serve, name) == getattr(DaemonConfig(), name), name
+
+    @dataclasses.dataclass
+    class Changed(DaemonConfig):
+        result_ttl: float = 12.5
+        stall_timeout: float = 0.75
+
+    monkeypatch.setattr(cli_module, "DaemonConfig", Changed)
+    serve = cli_module._parser().parse_args(["serve"])
+    assert (serve.result_ttl, serve.stall_timeout) == (12.5, 0.75)
+
+
 @pytest.mark.timeout(90)
 def test_ps_logs_kill_and_status_from_a_terminal(served: Served) -> None:
     state = served.wait_ready()

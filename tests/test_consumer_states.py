@@ -5,7 +5,11 @@ the shared loop while its lag grows) — and a closed consumer's lag frozen at c
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
 import sys
+import time
 from typing import Any
 
 import httpx
@@ -18,6 +22,7 @@ from sandboxkit.daemon.process import ManagedProcess, ProcessSpec
 from sandboxkit.daemon.sandbox import Sandbox
 from sandboxkit.daemon.server import DaemonServer
 from sandboxkit.errors import InvalidArgument
+from sandboxkit.lab_options import FanoutPolicy, LabOptions
 
 # About 200 KB/s in 1 KiB writes, until killed.
 PRODUCER = """
@@ -64,28 +69,28 @@ async def _producing(host: Host, **sandbox: Any) -> tuple[Sandbox, ManagedProces
 
 
 def _row(host: Host, consumer: Consumer) -> dict[str, Any]:
-    (row,) = [r for r in host.consumers() if r["consumer_id"] == consumer.consumer_id]
+    (row,) = [r for r in host.consumer_metrics() if r["consumer_id"] == consumer.consumer_id]
     return row
 
 
 async def test_role_defaults_to_sdk_and_is_validated(host: Host) -> None:
     _, process = await _producing(host)
-    default = host.consumer(process, None)
-    panel = host.consumer(process, None, role="panel")
+    default = host.open_consumer(process, None)
+    panel = host.open_consumer(process, None, role="panel")
     assert _row(host, default)["role"] == "sdk"
     assert _row(host, panel)["role"] == "panel"
     assert _row(host, panel)["ghost"] is False
     before = len(process.consumers)
     for bad in ("", "Panel", "a b", "x" * 33, "pänel", "role\x00", "../etc"):
         with pytest.raises(InvalidArgument) as info:
-            host.consumer(process, None, role=bad)
+            host.open_consumer(process, None, role=bad)
         assert info.value.field == "role"
     assert len(process.consumers) == before  # refused means not registered
 
 
 async def test_pause_snapshot_ghost_is_flagged_and_keeps_its_role(host: Host) -> None:
-    sbx, process = await _producing(host, pause_ghosts=True)
-    consumer = host.consumer(process, None, role="panel")
+    sbx, process = await _producing(host, lab=LabOptions(pause_ghosts=True))
+    consumer = host.open_consumer(process, None, role="panel")
     host.start_stream(consumer, OpenSink())
     await poll(lambda: consumer.bytes_sent > 0, 10, "the consumer streams")
     await sbx.pause()
@@ -103,12 +108,12 @@ async def test_pause_snapshot_ghost_is_flagged_and_keeps_its_role(host: Host) ->
     [("cursor", "streaming"), ("blocking", "starved"), ("kick", "starved")],
 )
 async def test_blocked_ghost_and_starved_victims_under_each_policy(
-    host: Host, fanout: str, victim_state: str
+    host: Host, fanout: FanoutPolicy, victim_state: str
 ) -> None:
     # kick_grace long enough that the kick policy's loop is still waiting while we look.
-    _, process = await _producing(host, fanout=fanout, kick_grace=60.0)
-    ghost = host.consumer(process, None, role="ghost")
-    victim = host.consumer(process, None, role="panel")
+    _, process = await _producing(host, lab=LabOptions(fanout=fanout, kick_grace=60.0))
+    ghost = host.open_consumer(process, None, role="ghost")
+    victim = host.open_consumer(process, None, role="panel")
     host.start_stream(ghost, StuckSink())
     host.start_stream(victim, OpenSink())
 
@@ -143,7 +148,7 @@ async def test_blocked_ghost_and_starved_victims_under_each_policy(
 async def test_closed_consumer_lag_is_frozen_at_close(host: Host) -> None:
     _, process = await _producing(host)
     # A consumer that never sends (stuck), then goes away: it ends with a large lag.
-    consumer = host.consumer(process, None, role="sdk")
+    consumer = host.open_consumer(process, None, role="sdk")
     task = host.start_stream(consumer, StuckSink())
     await poll(lambda: consumer.lag_bytes > 8192, 10, "lag builds up")
     task.cancel()
@@ -175,3 +180,70 @@ def test_role_over_http(daemon: DaemonServer) -> None:
         (row,) = http.get(f"/sandboxes/{sid}/consumers").json()
         assert (row["role"], row["ghost"], row["state"]) == ("panel", False, "closed")
         http.delete(f"/sandboxes/{sid}")
+
+
+# A raw-socket reader in its own process, with a small receive buffer: it reads its
+# stream until it is stopped. Prints "ready" once the first bytes arrived.
+RAW_READER = r"""
+import socket, sys
+host, port, path, token = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+s.connect((host, port))
+s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\r\n".encode())
+s.recv(65536)
+print("ready", flush=True)
+while s.recv(65536):
+    pass
+"""
+
+# About 10 KB/s in 1 KiB lines: a slow producer, so the daemon's own buffers for a stopped
+# peer (its socket's send buffer, the server's write buffer) take many seconds to fill.
+SLOW_PRODUCER = PRODUCER.replace("0.005", "0.1")
+
+
+def test_a_stopped_peer_shows_blocked_once_its_window_is_full(daemon: DaemonServer) -> None:
+    """Issue 10: a SIGSTOPped client's consumer showed "streaming, lag 0" for as long as
+    the daemon's buffers kept taking its output (30 s). Once the peer's receive window is
+    full — it takes no more bytes — the consumer shows ``blocked``, within a second."""
+    headers = {"Authorization": f"Bearer {daemon.token}"}
+    with httpx.Client(base_url=daemon.url, headers=headers, timeout=10) as http:
+        sid = http.post("/sandboxes", json={}).json()["sandbox_id"]
+        argv = [sys.executable, "-c", SLOW_PRODUCER]
+        pid = http.post(f"/sandboxes/{sid}/processes", json={"argv": argv}).json()["pid"]
+        host_name, port = daemon.url.removeprefix("http://").rsplit(":", 1)
+        path = f"/sandboxes/{sid}/processes/{pid}/stream?name=stopped"
+        reader = subprocess.Popen(
+            [sys.executable, "-c", RAW_READER, host_name, port, path, daemon.token or ""],
+            stdout=subprocess.PIPE,
+        )
+        try:
+            assert reader.stdout is not None
+            assert reader.stdout.readline() == b"ready\n"
+
+            def row() -> dict[str, Any]:
+                rows = http.get(f"/sandboxes/{sid}/consumers").json()
+                (found,) = [r for r in rows if r["name"] == "stopped"]
+                return dict(found)
+
+            assert row()["state"] == "streaming"
+            os.kill(reader.pid, signal.SIGSTOP)
+            stopped_at = time.monotonic()
+            # The peer's 4 KiB window fills within a second at 10 KB/s; the daemon's own
+            # buffers would take far longer than the deadline below.
+            while (state := row())["state"] != "blocked":
+                assert time.monotonic() - stopped_at < 3.0, state
+                time.sleep(0.05)  # sleep-ok: polling the metrics with a deadline
+            assert state["blocked_since"] is not None
+            assert state["blocked_since"] >= time.time() - 3.0
+            assert state["closed_at"] is None
+            # The peer reads again: the consumer streams again.
+            os.kill(reader.pid, signal.SIGCONT)
+            while (state := row())["state"] != "streaming":
+                assert time.monotonic() - stopped_at < 10.0, state
+                time.sleep(0.05)  # sleep-ok: polling the metrics with a deadline
+        finally:
+            reader.kill()
+            os.kill(reader.pid, signal.SIGCONT)
+            reader.wait()
+            http.delete(f"/sandboxes/{sid}")

@@ -30,6 +30,7 @@ from sandboxkit.client.sync import Sandbox
 from sandboxkit.daemon.envd.connect import from_sandboxkit
 from sandboxkit.daemon.server import DaemonServer
 from sandboxkit.errors import ConsumerKicked, ProcessNotFound, StreamStalled
+from sandboxkit.lab_options import LabOptions
 
 
 @pytest.fixture(scope="module")
@@ -255,7 +256,7 @@ def test_reattach_after_pause_resume_with_ghosts(envd: DaemonServer) -> None:
     is cut at resume (its daemon-side consumer lives on as a ghost); connect(pid) after
     the resume gets every byte, and the ghost wedges nothing under the cursor policy."""
     assert envd.envd is not None
-    own = Sandbox.create(pause_ghosts=True, fanout="cursor", url=envd.url, token=envd.token)
+    own = Sandbox.create(lab=LabOptions(pause_ghosts=True), url=envd.url, token=envd.token)
     try:
         sbx = E2BSandbox.create(
             debug=True, sandbox_url=f"{envd.envd.url}/sandboxes/{own.sandbox_id}"

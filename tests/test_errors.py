@@ -17,6 +17,7 @@ import pytest
 from conftest import fast_config, wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from starlette.applications import Starlette
 from starlette.routing import Route
 
 import sandboxkit.errors as errors_module
@@ -28,15 +29,27 @@ from sandboxkit.daemon.app import create_app
 from sandboxkit.daemon.host import Host
 from sandboxkit.daemon.server import DaemonServer
 from sandboxkit.errors import (
+    DAEMON_ERROR_TABLE,
     ERROR_TABLE,
     CommandExitError,
+    ConsumerKicked,
     DaemonUnavailable,
+    FileNotFound,
     InvalidArgument,
     MalformedFrame,
+    NotFound,
+    OutputGap,
+    OutputIncomplete,
+    OutputLost,
     ProcessNotFound,
     ResultUnavailable,
+    Retriable,
+    SandboxClosed,
     SandboxkitError,
     SandboxNotFound,
+    StdinBusy,
+    StreamInterrupted,
+    StreamStalled,
     Unauthorized,
     error_from_wire,
 )
@@ -207,7 +220,7 @@ BAD_REQUESTS = [
     _bad_field("create-envs-value", "POST", _sbx, "envs", body={"envs": {"A": 1}}),
     _bad_field("create-envs-list", "POST", _sbx, "envs", body={"envs": ["A=1"]}),
     _bad_field("create-auto-resume", "POST", _sbx, "auto_resume", body={"auto_resume": "yes"}),
-    _bad_field("create-fanout", "POST", _sbx, "fanout", body={"fanout": "bogus"}),
+    _bad_field("create-fanout", "POST", _sbx, "lab.fanout", body={"lab": {"fanout": "bogus"}}),
     _bad_field("start-argv-str", "POST", lambda c: c.proc, "argv", body={"argv": "echo hi"}),
     _bad_field("start-argv-int", "POST", lambda c: c.proc, "argv", body={"argv": ["echo", 1]}),
     _bad_field("start-argv-empty", "POST", lambda c: c.proc, "argv", body={"argv": []}),
@@ -483,28 +496,49 @@ async def test_sdk_unauthorized(
     assert await AsyncSandbox.list(**conn) == []
 
 
-# -- 2. the error table ------------------------------------------------------------------
+# -- 2. the error table and the tree -----------------------------------------------------
 
-_DOC_ROW = re.compile(r"^(\w+)\s+(\d{3})\s+\S", re.MULTILINE)
-
-
-def _docstring_table() -> dict[str, int]:
-    doc = errors_module.__doc__ or ""
-    return {name: int(status) for name, status in _DOC_ROW.findall(doc) if name != "class"}
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "errors.md"
+CATEGORIES: tuple[type[SandboxkitError], ...] = (NotFound, StreamInterrupted, Retriable, OutputLost)
 
 
-def test_status_codes_match_module_docstring() -> None:
-    table = _docstring_table()
-    assert len(table) == len(ERROR_TABLE), table
-    assert set(table) == {cls.__name__ for cls in ERROR_TABLE.values()}
-    for cls in ERROR_TABLE.values():
-        assert cls.status == table[cls.__name__], cls
+def _markdown_table(text: str, header: str) -> list[list[str]]:
+    """The rows of the markdown table whose header row starts with ``| header |``, cells
+    stripped of their backticks."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {header} |"))
+    rows: list[list[str]] = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip().replace("`", "") for cell in line.strip("|").split("|")])
+    return rows
+
+
+def _names(cell: str) -> set[str]:
+    return set() if cell == "—" else {name.strip() for name in cell.split(",")}
+
+
+def test_docs_table_matches_the_code() -> None:
+    rows = _markdown_table(DOCS.read_text(), "code")
+    documented = {row[0]: row for row in rows}
+    assert len(documented) == len(rows), "a code is listed twice"
+    assert set(documented) == set(ERROR_TABLE)
+    for code, (_, name, status, origin, categories, meaning) in documented.items():
+        cls = ERROR_TABLE[code]
+        assert (name, int(status), origin) == (cls.__name__, cls.status, cls.origin), code
+        assert _names(categories) == {c.__name__ for c in CATEGORIES if issubclass(cls, c)}
+        assert meaning, code
+    members = {row[0]: _names(row[2]) for row in _markdown_table(DOCS.read_text(), "category")}
+    assert members == {
+        c.__name__: {e.__name__ for e in ERROR_TABLE.values() if issubclass(e, c)}
+        for c in CATEGORIES
+    }
     # Codes are unique keys naming their own class; all errors share the base class.
     for code, cls in ERROR_TABLE.items():
         assert cls.code == code
-        assert issubclass(cls, SandboxkitError) and cls is not SandboxkitError
-    assert len({cls.code for cls in ERROR_TABLE.values()}) == len(ERROR_TABLE)
-    # Every public error class is in the table.
+        assert issubclass(cls, SandboxkitError) and cls not in (SandboxkitError, *CATEGORIES)
+    # Every public error class is in the table; the categories are not (no wire code).
     public = {
         obj
         for name in errors_module.__all__
@@ -512,7 +546,65 @@ def test_status_codes_match_module_docstring() -> None:
         and issubclass(obj, SandboxkitError)
         and obj is not SandboxkitError
     }
-    assert public == set(ERROR_TABLE.values())
+    assert public == set(ERROR_TABLE.values()) | set(CATEGORIES)
+    assert {c.code for c in CATEGORIES} == {"internal"}
+    # The public package exports them all.
+    import sandboxkit
+
+    assert {cls.__name__ for cls in public} <= set(sandboxkit.__all__)
+
+
+def test_module_docstring_tree_is_the_class_tree() -> None:
+    doc = errors_module.__doc__ or ""
+    block = doc[doc.index("::\n") + 3 :].strip("\n").split("\n\n")[0]
+    edges: set[tuple[str, str]] = set()
+    parents: list[str] = []
+    for line in block.splitlines():
+        depth = (len(line) - len(line.lstrip())) // 4 - 1
+        name = line.strip()
+        del parents[depth:]
+        if parents:
+            edges.add((parents[-1], name))
+        parents.append(name)
+    classes = [*ERROR_TABLE.values(), *CATEGORIES]
+    actual = {(base.__name__, cls.__name__) for cls in classes for base in cls.__bases__}
+    assert edges == actual
+
+
+@pytest.mark.parametrize("category", CATEGORIES, ids=lambda c: c.__name__)
+def test_a_category_catches_its_members_and_nothing_else(
+    category: type[SandboxkitError],
+) -> None:
+    members = {
+        NotFound: {SandboxNotFound, ProcessNotFound, ResultUnavailable, FileNotFound},
+        StreamInterrupted: {ConsumerKicked, StreamStalled, DaemonUnavailable, MalformedFrame},
+        Retriable: {ConsumerKicked, StreamStalled, DaemonUnavailable, StdinBusy},
+        OutputLost: {OutputGap, OutputIncomplete},
+    }[category]
+    for cls in ERROR_TABLE.values():
+        try:
+            raise cls("x")
+        except category:
+            caught = True
+        except SandboxkitError:
+            caught = False
+        assert caught == (cls in members), cls
+
+
+def test_client_only_errors_are_never_the_daemons() -> None:
+    client_only = {
+        SandboxClosed,
+        StreamStalled,
+        CommandExitError,
+        DaemonUnavailable,
+        OutputGap,
+        OutputIncomplete,
+    }
+    assert {cls for cls in ERROR_TABLE.values() if cls.origin == "client"} == client_only
+    assert set(DAEMON_ERROR_TABLE.values()) == set(ERROR_TABLE.values()) - client_only
+    # The bottom layer names no client type: errors.py imports nothing of the client.
+    source = Path(errors_module.__file__ or "").read_text()
+    assert "sandboxkit.client" not in source
 
 
 _json_scalar = (
@@ -550,7 +642,7 @@ def test_every_error_round_trips_through_the_wire(
 
 
 def test_non_json_result_is_dropped_not_fatal() -> None:
-    from sandboxkit.client.results import CommandResult
+    from sandboxkit import CommandResult
 
     result = CommandResult("out", "err", 3, 7)
     error = CommandExitError("exited 3", pid=7, exit_code=3, result=result)
@@ -729,8 +821,9 @@ async def test_openapi_lists_every_route(daemon: DaemonServer) -> None:
 
     host = Host(fast_config())
     try:
-        app = create_app(host, "tok")
-        starlette_app = app.app  # type: ignore[attr-defined]
+        starlette_app: Any = create_app(host, "tok")
+        while not isinstance(starlette_app, Starlette):  # under the ASGI middlewares
+            starlette_app = starlette_app.app
         assert all(isinstance(r, Route) for r in starlette_app.routes)
         routes = {
             (r.path, method)
@@ -751,8 +844,12 @@ async def test_openapi_lists_every_route(daemon: DaemonServer) -> None:
     assert {"code", "message"} <= set(error_schema["required"])
     enum = error_schema["properties"]["code"]["enum"]
     assert len(enum) == len(set(enum))
-    assert set(enum) == set(ERROR_TABLE)
-    statuses = {str(cls.status) for cls in ERROR_TABLE.values()}
+    # Only what the daemon can answer with: no client-side error (a watchdog, a closed
+    # client, a non-zero exit) is advertised.
+    assert set(enum) == set(DAEMON_ERROR_TABLE)
+    statuses = {str(cls.status) for cls in DAEMON_ERROR_TABLE.values()}
+    health = doc["paths"]["/health"]["get"]["responses"]
+    assert set(health) == {"200", "401"}, health
 
     operation_ids: list[str] = []
     for path, operations in doc["paths"].items():
@@ -775,6 +872,9 @@ async def test_openapi_lists_every_route(daemon: DaemonServer) -> None:
             for status in listed:
                 answer = op["responses"][status]
                 assert answer["description"]
+                codes = set(re.findall(r"^`(\w+)`:", answer["description"], re.MULTILINE))
+                assert codes and codes <= set(DAEMON_ERROR_TABLE), (path, method, codes)
+                assert all(DAEMON_ERROR_TABLE[c].status == int(status) for c in codes)
                 schema = answer["content"]["application/json"]["schema"]
                 assert _resolve(doc, schema["$ref"]) is error_schema
             for requirement in op["security"]:

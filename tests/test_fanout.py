@@ -246,8 +246,8 @@ async def test_blocked_sink_stops_neither_other_consumer_nor_producer(host: Host
     log = process.log
     stuck_sink = _StuckSink(accept=1, head=lambda: log.head)  # takes `start`, then no more
     good_sink = _CollectingSink()
-    stuck = host.consumer(process, 0, name="stuck")
-    good = host.consumer(process, 0, name="good")
+    stuck = host.open_consumer(process, 0, name="stuck")
+    good = host.open_consumer(process, 0, name="good")
     stuck_task = asyncio.create_task(host.serve(stuck, stuck_sink))
     good_task = asyncio.create_task(host.serve(good, good_sink))
     try:

@@ -27,11 +27,13 @@ from conftest import fast_config
 from support import poll as _poll
 
 from sandboxkit import AsyncSandbox
-from sandboxkit.daemon.config import DaemonConfig
+from sandboxkit.daemon.config import DaemonConfig, LabDefaults
 from sandboxkit.lab import stdio_server
-from sandboxkit.lab.experiment import REFRESH, reattach_cycles
+from sandboxkit.lab.experiment import reattach_cycles
 from sandboxkit.lab.ghosts import FrozenClient, LeakyClient, make_ghost
+from sandboxkit.lab.jsonrpc import REFRESH_METHODS as REFRESH
 from sandboxkit.lab.jsonrpc import JsonRpcClient
+from sandboxkit.lab_options import LabOptions
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -48,7 +50,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 @pytest.fixture
 def daemon_config() -> DaemonConfig:
-    return fast_config(kick_queue=KICK_QUEUE)
+    return fast_config(lab=LabDefaults(kick_queue=KICK_QUEUE))
 
 
 async def _async(value: Any) -> Any:
@@ -227,7 +229,7 @@ async def _kick_run(
 ) -> tuple[Refresh, Refresh, list[dict[str, Any]]]:
     """In a fresh ``kick`` sandbox: a refresh with no ghost, then ``ghosts`` leaky clients
     attach and the same refresh again; both timings, and the kicks of the second."""
-    sbx = await AsyncSandbox.create(fanout="kick", kick_grace=grace, **conn)
+    sbx = await AsyncSandbox.create(lab=LabOptions(fanout="kick", kick_grace=grace), **conn)
     made: list[LeakyClient] = []
     client: TimedRpcClient | None = None
     try:
@@ -408,7 +410,8 @@ def test_demo_writes_csv_and_pngs_that_match_its_printed_table(tmp_path: Path) -
 
     table = pd.read_csv(out / "stall_table.csv")
     from_table = {
-        row["policy"]: (int(row["stalled"]), int(row["cycles"])) for _, row in table.iterrows()
+        row["policy"]: (int(row["stalled_cycles"]), int(row["cycles"]))
+        for _, row in table.iterrows()
     }
     assert from_table == printed
     assert {row["policy"]: row["stalls"] for _, row in table.iterrows()} == {

@@ -222,7 +222,7 @@ def test_stall_table_matches_hand_computed_aggregates() -> None:
         k = sum(1 for c in cycles if c["stalled"])
         done = [c["time_to_complete"] for c in cycles if not math.isnan(c["time_to_complete"])]
         assert record["cycles"] == n
-        assert record["stalled"] == k
+        assert record["stalled_cycles"] == k
         assert record["stalls"] == f"{k}/{n}"
         assert record["stall_rate"] == pytest.approx(k / n)
         assert (record["ci_low"], record["ci_high"]) == pytest.approx(wilson_interval(k, n))
@@ -239,7 +239,7 @@ def test_stall_table_matches_hand_computed_aggregates() -> None:
     assert always["stalls"] == "6/6"
     assert math.isnan(always["median_time_to_complete"])
     assert table.attrs["confidence"] == 0.95
-    for column in ("cycles", "stalled", "kicks", "gaps"):
+    for column in ("cycles", "stalled_cycles", "kicks", "gaps"):
         assert pd.api.types.is_integer_dtype(table[column]), column
 
 
@@ -265,8 +265,8 @@ def test_stall_table_accepts_numpy_bool_and_int_columns() -> None:
     df = synthetic_cycles(seed=3)
     df["stalled"] = df["stalled"].astype("int64")  # 0/1 instead of bool
     assert (
-        stall_table(df)["stalled"].tolist()
-        == stall_table(synthetic_cycles(seed=3))["stalled"].tolist()
+        stall_table(df)["stalled_cycles"].tolist()
+        == stall_table(synthetic_cycles(seed=3))["stalled_cycles"].tolist()
     )
 
 
@@ -463,3 +463,16 @@ def test_plot_cycle_timeline_filters_and_falls_back_to_resume() -> None:
     with pytest.raises(ValueError) as excinfo:
         plot_cycle_timeline(df.drop(columns=["t_kick", "deadline"]))
     assert "t_kick" in str(excinfo.value) and "deadline" in str(excinfo.value)
+
+
+def test_one_float_conversion_for_the_table_and_the_plots() -> None:
+    # The table and the plots read the same cells: one conversion, missing values as NaN.
+    import numpy as np
+
+    import sandboxkit.lab.plots as plots_module
+    from sandboxkit.lab.stats import as_float
+
+    assert plots_module.as_float is as_float
+    for missing in (None, pd.NA, pd.NaT, np.datetime64("NaT"), "n/a", object()):
+        assert math.isnan(as_float(missing)), missing
+    assert [as_float(v) for v in (2, "1.5", np.float32(0.25), True)] == [2.0, 1.5, 0.25, 1.0]

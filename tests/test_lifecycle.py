@@ -12,13 +12,14 @@ from collections.abc import Callable
 
 import psutil
 import pytest
+from freezer_support import process_is_frozen
 
 from sandboxkit import AsyncSandbox, SandboxPaused
 from sandboxkit.daemon.config import DaemonConfig
+from sandboxkit.daemon.freezer import cgroup_v2_available
 from sandboxkit.daemon.host import Host
 from sandboxkit.daemon.process import ProcessSpec
 from sandboxkit.daemon.server import DaemonServer
-from sandboxkit.daemon.tree import cgroup_v2_available, process_is_frozen
 
 BACKENDS = [
     pytest.param(
@@ -96,7 +97,7 @@ async def test_pause_freezes_grandchild_and_resume_thaws_it(
     conn: dict[str, str], daemon: DaemonServer, freezer: str
 ) -> None:
     async with await AsyncSandbox.create(**conn) as sbx:
-        assert sbx.info.raw["freezer"] == freezer
+        assert sbx.info.freezer == freezer
         handle = await sbx.commands.run(GRANDCHILD_CMD, background=True)
         await until(lambda: handle.stdout.count("\n") >= 5, what="ticks before pause")
         await until(lambda: find_ticker(handle.pid) is not None, what="the grandchild")
@@ -252,12 +253,12 @@ async def test_process_deadline_only_when_asked(conn: dict[str, str]) -> None:
             await asyncio.sleep(0.02)  # sleep-ok: poll interval
             info = await sbx.commands.get(bounded.pid)
         assert time.monotonic() - started >= 0.45
-        assert info.raw["kill_reason"] == "timeout"
+        assert info.kill_reason == "timeout"
         assert info.exit_code is not None and info.exit_code != 0
         other = await sbx.commands.get(free.pid)
         assert other.state == "running"
-        assert other.raw["kill_reason"] is None
-        assert other.raw["spec"]["timeout"] is None
+        assert other.kill_reason is None
+        assert other.timeout is None
         exits = [e for e in await sbx.raw_events() if e["kind"] == "process.exited"]
         assert [(e["pid"], e["reason"]) for e in exits] == [(bounded.pid, "timeout")]
 

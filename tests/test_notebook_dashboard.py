@@ -15,6 +15,7 @@ import pytest
 from sandboxkit.client.sandbox import AsyncSandbox
 from sandboxkit.client.sync import Sandbox
 from sandboxkit.errors import DaemonUnavailable, InvalidArgument, SandboxNotFound, SandboxPaused
+from sandboxkit.lab_options import LabOptions
 from sandboxkit.notebook.dashboard import SandboxDashboard
 from sandboxkit.notebook.stall_lab import StallLab
 from tests.conftest import wait_until
@@ -65,12 +66,15 @@ def test_on_create_makes_a_sandbox_and_selects_it(
 
 @pytest.mark.timeout(30)
 def test_create_options_reach_the_daemon(conn: dict[str, str | None]) -> None:
-    dash = SandboxDashboard(fanout="blocking", metadata={"who": "dashboard-test"}, **conn)
+    dash = SandboxDashboard(
+        lab=LabOptions(fanout="blocking"), metadata={"who": "dashboard-test"}, **conn
+    )
     try:
         sbx = dash.on_create()
         assert sbx is not None
         info = sbx.get_info()
-        assert info.raw["fanout"] == "blocking"
+        assert info.fanout == "blocking"
+        assert info.lab is not None and info.lab.fanout == "blocking"
         assert info.metadata == {"who": "dashboard-test"}
         assert dash.sandboxes_frame().set_index("sandbox_id").loc[sbx.sandbox_id, "fanout"] == (
             "blocking"
@@ -311,7 +315,7 @@ def test_stall_lab_run_fills_result_progress_table_and_plot(
         assert list(result["stalled"]) == [True, False]
         assert lab.progress.max == 2
         assert lab.progress.value == lab.progress.max
-        assert lab.state.done == 2 and lab.state.stalled == 1
+        assert lab.state.done == 2 and lab.state.stalled_cycles == 1
         assert "blocking" in lab.table.value and "cursor" in lab.table.value
         assert "1/1" in lab.table.value and "0/1" in lab.table.value
         assert bytes(lab.plot.value).startswith(PNG_MAGIC)

@@ -3,15 +3,28 @@
 from __future__ import annotations
 
 import asyncio
+import errno
+import hashlib
+import random
+import sys
+import tempfile
 import time
 from collections.abc import Coroutine
+from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import poll
 
+from sandboxkit.daemon import heap, output_log
+from sandboxkit.daemon.config import DaemonConfig
+from sandboxkit.daemon.host import Host
 from sandboxkit.daemon.output_log import Chunk, Gap, OutputLog
+from sandboxkit.daemon.process import ManagedProcess, ProcessSpec
+from sandboxkit.daemon.sandbox import Sandbox
 from sandboxkit.wire import Frame, FrameDecoder, FrameKind
 
 _BIG = 10**9  # a retention nothing in these tests reaches
@@ -472,3 +485,342 @@ async def test_a_reader_placed_at_the_head_never_misses_a_joined_write() -> None
     assert await log2.wait(2, 0.01) is False
     log2.append("stdout", b"c")
     assert [c.data for c in log2.read(2, _BIG)[1]] == [b"c"]
+
+
+# -- on disk: segment files, a small cache of the newest chunks ------------------------------
+
+
+def _sha256_from(log: OutputLog, cursor: int, max_bytes: int) -> tuple[str, int, int]:
+    """Read everything from ``cursor`` on: (sha256 of the output, bytes lost, chunks)."""
+    digest = hashlib.sha256()
+    lost = chunks_read = 0
+    while True:
+        gap, chunks = log.read(cursor, max_bytes)
+        if gap is not None:
+            lost += gap.bytes_lost
+            cursor = gap.first_available
+        if not chunks:
+            return digest.hexdigest(), lost, chunks_read
+        for chunk in chunks:
+            assert chunk.seq == cursor
+            digest.update(chunk.data)
+            cursor += 1
+        chunks_read += len(chunks)
+
+
+def test_default_retention_replays_32_mib_byte_exact_from_cursor_0(tmp_path: Path) -> None:
+    config = DaemonConfig()
+    log = OutputLog(
+        config.retention_bytes,
+        charge_overhead=True,
+        coalesce=4096,
+        directory=tmp_path / "log",
+        cache_bytes=config.output_cache_bytes,
+    )
+    rng = random.Random(10)
+    written = hashlib.sha256()
+    block = rng.randbytes(1 << 20)
+    most_in_memory = 0
+    for i in range(32 * 16):
+        data = block[(i * 4099) % (1 << 19) :][: 64 * 1024]  # 64 KiB reads, all different
+        written.update(data)
+        log.append("stdout" if i % 5 else "stderr", data)
+        most_in_memory = max(most_in_memory, log.memory_bytes)
+    assert log.total_bytes == 32 << 20 and log.evicted_bytes == 0
+    # The log holds its output on disk: what it keeps in memory is its cache of the newest
+    # chunks (a few MB at most), not the 32 MiB.
+    assert most_in_memory <= config.output_cache_bytes + (256 << 10), most_in_memory
+    assert config.output_cache_bytes <= 4 << 20
+    # ... and replays every byte from cursor 0, byte-exact, from a reader that lags behind
+    # the cache and one reading in small steps.
+    assert _sha256_from(log, 0, 256 * 1024)[:2] == (written.hexdigest(), 0)
+    assert _sha256_from(log, 0, 1)[:2] == (written.hexdigest(), 0)
+    log.close()
+
+
+def test_default_retention_is_at_least_64_mib() -> None:
+    assert DaemonConfig().retention_bytes >= 64 << 20
+
+
+def test_eviction_deletes_whole_old_segment_files(tmp_path: Path) -> None:
+    retention = 1 << 20
+    directory = tmp_path / "log"
+    log = OutputLog(retention, directory=directory, cache_bytes=64 * 1024)
+    data = bytes(range(256)) * 16  # 4 KiB
+    for _ in range(8 * 256):  # 8 MiB through a 1 MiB retention
+        log.append("stdout", data)
+    assert log.evicted_bytes > 6 << 20
+    assert log.retained_bytes <= retention
+    assert log.retained_bytes + log.evicted_bytes == log.total_bytes
+    frames = sum(f.stat().st_size for f in directory.iterdir() if f.suffix == ".frames")
+    on_disk = sum(f.stat().st_size for f in directory.iterdir())
+    # The frames on disk are the retained chunks' (eviction deleted or reused the older
+    # segments' files), and most of the retention is kept (whole segments go, not all).
+    assert frames <= retention + retention // 4
+    assert on_disk <= retention + retention // 2  # with a spare segment and the indexes
+    assert len(list(directory.glob("*.frames"))) <= 10  # 1/8 of the retention each
+    assert log.retained_bytes >= retention // 2
+    # What is held is the newest output, byte-exact.
+    _, chunks = log.read(log.first_seq, 1 << 30)
+    assert b"".join(c.data for c in chunks) == data * (log.retained_bytes // len(data))
+    log.close()
+
+
+def _disk_full(fd: int, parts: list[bytes]) -> None:
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    retention=st.integers(1, 400),
+    cache=st.integers(1, 200),
+    appends=_appends,
+    max_bytes=st.integers(1, 150),
+    disk_full_after=st.none() | st.integers(0, 40),
+)
+def test_on_disk_every_cursor_accounts_for_every_byte(
+    retention: int,
+    cache: int,
+    appends: list[tuple[str, bytes]],
+    max_bytes: int,
+    disk_full_after: int | None,
+) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        log = OutputLog(retention, directory=Path(tmp) / "log", cache_bytes=cache)
+        if disk_full_after is None:
+            datas = _fill(log, appends)
+        else:  # the disk refuses writes from then on: still every byte accounted for
+            datas = _fill(log, appends[:disk_full_after])
+            with mock.patch.object(output_log, "_write_all", _disk_full):
+                datas += _fill_more(log, appends[disk_full_after:], len(datas))
+        offsets = [sum(len(d) for d in datas[:i]) for i in range(len(datas) + 1)]
+        assert log.total_bytes == offsets[-1]
+        assert log.retained_bytes <= retention or log.first_seq == log.head - 1
+        assert log.retained_bytes + log.evicted_bytes == log.total_bytes
+        for start in range(log.head + 1):
+            assert log.offset_of(start) == offsets[start]
+            gap, chunks = log.read(start, max_bytes)
+            lost = 0
+            if start < log.first_seq:
+                assert gap == Gap(start, log.first_seq, offsets[log.first_seq] - offsets[start])
+                lost = gap.bytes_lost
+            else:
+                assert gap is None
+            received = b""
+            seq = max(start, log.first_seq)
+            while chunks:
+                for chunk in chunks:
+                    assert (chunk.seq, chunk.offset) == (seq, offsets[seq])
+                    assert chunk.stream == appends_streams(appends)[seq]
+                    (frame,) = FrameDecoder().feed(chunk.frame)
+                    assert frame.payload == chunk.data and frame.meta["ts"] == chunk.ts
+                    assert log.ts_of(seq) == chunk.ts
+                    received += chunk.data
+                    seq += 1
+                gap, chunks = log.read(seq, max_bytes)
+                assert gap is None
+            assert seq == log.head
+            assert received == b"".join(datas[max(start, log.first_seq) :])
+            assert lost + len(received) == offsets[-1] - offsets[start]
+        log.close()
+        assert not (Path(tmp) / "log").exists()
+
+
+def _fill_more(log: OutputLog, appends: list[tuple[str, bytes]], seq: int) -> list[bytes]:
+    accepted: list[bytes] = []
+    for stream, data in appends:
+        chunk = log.append(stream, data)
+        assert (chunk is None) == (not data)
+        if chunk is not None:
+            assert chunk.seq == seq + len(accepted)
+            accepted.append(data)
+    return accepted
+
+
+def appends_streams(appends: list[tuple[str, bytes]]) -> list[str]:
+    """The stream of each accepted chunk, by seq."""
+    return [stream for stream, data in appends if data]
+
+
+def test_close_removes_the_files_and_gives_back_the_memory(tmp_path: Path) -> None:
+    directory = tmp_path / "log"
+    log = OutputLog(1 << 20, directory=directory, cache_bytes=256 * 1024)
+    for _ in range(100):
+        log.append("stdout", b"z" * 10_000)
+    log.finish(0)
+    assert directory.is_dir() and log.memory_bytes > 0
+    log.drop_cache()  # (what a killed sandbox does: its output stays readable, from disk)
+    assert log.memory_bytes < 4096
+    assert (
+        _sha256_from(log, log.first_seq, 1 << 16)[0]
+        == hashlib.sha256(b"z" * log.retained_bytes).hexdigest()
+    )
+    log.close()
+    assert not directory.exists()
+    assert log.memory_bytes == 0
+    # Closed, it is an ended log with nothing retained: a late reader gets a gap, never
+    # an error or stale bytes.
+    gap, chunks = log.read(0, 1 << 20)
+    assert chunks == [] and gap is not None and gap.first_available == log.head
+    log.close()  # idempotent
+
+
+def test_memory_log_keeps_working_without_a_directory() -> None:
+    log = OutputLog(1 << 20, cache_bytes=1)  # no directory: everything in memory
+    for i in range(10):
+        log.append("stdout", bytes([i]) * 100)
+    assert [c.data for c in log.read(0, 1 << 20)[1]] == [bytes([i]) * 100 for i in range(10)]
+    assert log.memory_bytes >= 1000
+    log.close()
+    assert log.memory_bytes == 0
+
+
+# -- in the daemon: a process's log lives in its sandbox's runtime directory ----------------
+
+_WRITE_2_MIB = "import sys; sys.stdout.buffer.write(bytes(range(256)) * 8192)"
+
+
+async def _run_to_exit(sandbox: Sandbox) -> ManagedProcess:
+    process = await sandbox.start_process(ProcessSpec(argv=(sys.executable, "-c", _WRITE_2_MIB)))
+    assert await process.wait(20) == 0
+    return process
+
+
+def _replayed(log: OutputLog) -> bytes:
+    gap, chunks = log.read(0, 1 << 30)
+    assert gap is None
+    out = b"".join(c.data for c in chunks)
+    while chunks:
+        gap, chunks = log.read(chunks[-1].seq + 1, 1 << 30)
+        out += b"".join(c.data for c in chunks)
+    return out
+
+
+@pytest.mark.timeout(30)
+async def test_a_process_log_is_on_disk_and_goes_when_its_result_expires() -> None:
+    config = DaemonConfig(result_ttl=0.5, housekeeping_interval=0.02, kill_grace=1.0)
+    async with Host(config) as host:
+        sandbox = await host.create_sandbox()
+        process = await _run_to_exit(sandbox)
+        directory = process.log.directory
+        assert directory is not None and directory.parent == sandbox.runtime_dir
+        assert sandbox.workdir not in directory.parents  # not where the user's files are
+        assert sum(f.stat().st_size for f in directory.glob("*.frames")) > 2 << 20
+        assert _replayed(process.log) == bytes(range(256)) * 8192
+        assert process.log.memory_bytes <= config.output_cache_bytes + (64 << 10)
+
+        await poll(lambda: process.pid in sandbox.evicted, 10, "the result to expire")
+        assert not directory.exists()
+        assert process.log.memory_bytes == 0
+
+
+@pytest.mark.timeout(30)
+async def test_deleting_a_sandbox_frees_log_memory_and_forgetting_it_removes_the_files() -> None:
+    config = DaemonConfig(result_ttl=1.0, housekeeping_interval=0.02, kill_grace=1.0)
+    async with Host(config) as host:
+        sandbox = await host.create_sandbox()
+        process = await _run_to_exit(sandbox)
+        assert process.log.memory_bytes > 512 << 10  # the cache of the newest output
+        await sandbox.kill()  # DELETE /sandboxes/{id}
+        # The memory goes at once; the result stays readable (from disk) for its TTL.
+        assert process.log.memory_bytes < 4096
+        assert _replayed(process.log) == bytes(range(256)) * 8192
+        assert sandbox.runtime_dir.is_dir()
+        await poll(lambda: sandbox.sandbox_id not in host.sandboxes, 10, "the sandbox to go")
+        await poll(lambda: not sandbox.runtime_dir.exists(), 10, "its files to go")
+        assert process.log.memory_bytes == 0
+
+
+@pytest.mark.timeout(30)
+async def test_daemon_shutdown_removes_the_logs_of_a_root_it_does_not_own(tmp_path: Path) -> None:
+    async with Host(DaemonConfig(root_dir=tmp_path, kill_grace=1.0)) as host:
+        sandbox = await host.create_sandbox()
+        await _run_to_exit(sandbox)
+        assert sandbox.runtime_dir.is_dir()
+    assert not sandbox.runtime_dir.exists()
+
+
+def test_a_disk_that_refuses_writes_costs_old_output_never_the_producer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    directory = tmp_path / "log"
+    log = OutputLog(1 << 20, directory=directory, cache_bytes=64 * 1024)
+    written = b""
+    for i in range(200):  # 800 KiB: most of it only on disk
+        data = bytes([i % 251]) * 4096
+        log.append("stdout", data)
+        written += data
+
+    def full(fd: int, parts: list[bytes]) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(output_log, "_write_all", full)
+    for i in range(200, 400):  # the disk is full now: nothing raises to the producer
+        data = bytes([i % 251]) * 4096
+        assert log.append("stdout", data) is not None
+        written += data
+    log.finish(0)
+    assert log.disk_error is not None and log.disk_error.errno == errno.ENOSPC
+    # It goes on in memory, within the cache size, and gives the disk its space back.
+    assert log.memory_bytes <= 64 * 1024 + 8192
+    assert not list(directory.glob("*.frames"))
+    # Every byte is accounted for: a reader from 0 gets an exact gap, then the newest
+    # output, byte-exact.
+    gap, chunks = log.read(0, 1 << 30)
+    assert gap is not None and gap.cursor == 0 and chunks
+    received = b"".join(c.data for c in chunks)
+    assert gap.bytes_lost + len(received) == len(written) == log.total_bytes
+    assert received == written[gap.bytes_lost :]
+    assert log.evicted_bytes == gap.bytes_lost
+    log.close()
+    assert not directory.exists()
+
+
+# -- memory goes back to the system after large releases (glibc's malloc_trim) -------------
+
+
+async def test_heap_trims_after_large_releases_at_most_once_per_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    trims: list[float] = []
+    monkeypatch.setattr(heap, "_trim", lambda pad: trims.append(time.monotonic()) or 1)
+    monkeypatch.setattr(heap, "_last", -heap.MIN_INTERVAL)
+    monkeypatch.setattr(heap, "_owed", 0)
+    monkeypatch.setattr(heap, "MIN_INTERVAL", 0.2)
+    assert not heap.released(heap.THRESHOLD // 2)  # small: left to the allocator
+    assert heap.released(heap.THRESHOLD // 2)  # together they are worth a trim
+    assert len(trims) == 1
+    # A burst right after: no trim now, one when the interval has passed.
+    for _ in range(5):
+        assert not heap.released(heap.THRESHOLD)
+    assert len(trims) == 1
+    await poll(lambda: len(trims) == 2, 5, "the deferred trim")
+    assert trims[1] - trims[0] >= 0.2 * 0.9
+
+
+def test_closing_a_large_log_trims_the_heap(monkeypatch: pytest.MonkeyPatch) -> None:
+    released: list[int] = []
+    monkeypatch.setattr(heap, "released", lambda size: released.append(size) or False)
+    log = OutputLog(64 << 20, charge_overhead=True)  # in memory: what the log frees is big
+    for _ in range(64):
+        log.append("stdout", b"x" * 65536)
+    log.close()
+    assert released and released[-1] >= 4 << 20
+
+
+def test_segment_files_removed_under_the_log_are_a_gap_not_an_error(tmp_path: Path) -> None:
+    directory = tmp_path / "log"
+    log = OutputLog(1 << 20, directory=directory, cache_bytes=16 * 1024)
+    for i in range(64):
+        log.append("stdout", bytes([i]) * 4096)
+    for frames in directory.glob("*.frames"):  # e.g. a sandbox process's ``rm -rf ..``
+        frames.unlink()
+    gap, chunks = log.read(0, 1 << 20)
+    assert gap is not None and gap.cursor == 0 and gap.first_available == chunks[0].seq
+    assert b"".join(c.data for c in chunks) == b"".join(
+        bytes([i]) * 4096 for i in range(chunks[0].seq, 64)
+    )
+    assert log.disk_error is not None
+    log.append("stdout", b"more")  # and the log goes on
+    assert log.read(64, 1 << 20)[1][0].data == b"more"
+    log.close()

@@ -245,17 +245,17 @@ async def _race_one_exit(host: Host, sandbox: Any, i: int) -> None:
 
     def attach(label: str) -> None:
         sink = FrameCollector(label)
-        consumer = host.consumer(process, 0, name=label)
+        consumer = host.open_consumer(process, 0, name=label)
         sinks.append(sink)
         served.append(loop.create_task(host.serve(consumer, sink)))
 
     original = process.log.finish
 
     def finish(exit_code: int) -> None:
-        seen_at_finish.append(sandbox.result(process.pid))
+        seen_at_finish.append(sandbox.retained_process(process.pid))
         attach("before-finish")
         original(exit_code)
-        seen_at_finish.append(sandbox.result(process.pid))
+        seen_at_finish.append(sandbox.retained_process(process.pid))
         attach("after-finish")
         loop.call_soon(attach, "next-turn")
 

@@ -3,13 +3,18 @@ the choice of event loop."""
 
 from __future__ import annotations
 
+import socket
+import struct
 import sys
+import time
 
+import httpx
 import pytest
+from support import ChunkedDecoder
 
 from sandboxkit.daemon.host import Host
 from sandboxkit.daemon.process import ProcessSpec
-from sandboxkit.daemon.server import event_loop_factory
+from sandboxkit.daemon.server import DaemonServer, event_loop_factory
 from sandboxkit.wire import FrameDecoder, FrameKind
 
 BLOCKS = 32  # 64 KiB writes: 2 MiB in all
@@ -39,7 +44,7 @@ async def test_frames_are_coalesced_into_fewer_sends_byte_exact(host: Host) -> N
     sbx = await host.create_sandbox()
     process = await sbx.start_process(ProcessSpec(argv=(sys.executable, "-c", WRITER)))
     await process.wait()
-    consumer = host.consumer(process, 0)
+    consumer = host.open_consumer(process, 0)
     sink = CountingSink()
     await host.start_stream(consumer, sink)
 
@@ -65,3 +70,74 @@ def test_event_loop_choice() -> None:
     else:
         factory = event_loop_factory("auto")
         assert factory is not None and "uvloop" in type(factory()).__module__
+
+
+@pytest.mark.parametrize("version", ["1.0", "1.1"])
+def test_the_stream_over_http_1_0_and_1_1_is_byte_exact(daemon: DaemonServer, version: str) -> None:
+    """HTTP/1.1 body chunks go straight to the connection, framed by the daemon; HTTP/1.0
+    (no chunked encoding) takes the plain ASGI path. Both carry the same frames."""
+    headers = {"Authorization": f"Bearer {daemon.token}"}
+    with httpx.Client(base_url=daemon.url, headers=headers, timeout=10) as http:
+        sid = http.post("/sandboxes", json={}).json()["sandbox_id"]
+        argv = [sys.executable, "-c", WRITER]
+        pid = http.post(f"/sandboxes/{sid}/processes", json={"argv": argv}).json()["pid"]
+        host, port = daemon.url.removeprefix("http://").rsplit(":", 1)
+        with socket.create_connection((host, int(port))) as sock:
+            sock.sendall(
+                f"GET /sandboxes/{sid}/processes/{pid}/stream?cursor=0 HTTP/{version}\r\n"
+                f"Host: x\r\nAuthorization: Bearer {daemon.token}\r\n"
+                "Connection: close\r\n\r\n".encode()
+            )
+            raw = bytearray()
+            while block := sock.recv(1 << 16):  # the process ends: the server closes
+                raw += block
+        http.delete(f"/sandboxes/{sid}")
+    head, _, body = bytes(raw).partition(b"\r\n\r\n")
+    chunked = b"transfer-encoding: chunked" in head.lower()
+    assert chunked == (version == "1.1"), head
+    if chunked:
+        decoder = ChunkedDecoder()
+        body = decoder.feed(body)
+        assert decoder.done, "the chunked body was not terminated"
+    frames = FrameDecoder().feed(body)
+    assert frames[0].kind is FrameKind.START
+    assert frames[-1].kind is FrameKind.END
+    data = b"".join(f.payload for f in frames if f.kind is FrameKind.DATA)
+    assert data == b"".join(bytes([65 + i % 26]) * 65536 for i in range(BLOCKS))
+
+
+def test_peers_that_vanish_mid_stream_cost_no_writes_into_dead_sockets(
+    daemon: DaemonServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A reader that resets its connection while 2 MiB replay to it: the daemon stops
+    writing to that connection (no ``socket.send() raised exception`` from asyncio, which
+    it logs once more than four writes went to a dead socket)."""
+    headers = {"Authorization": f"Bearer {daemon.token}"}
+    with httpx.Client(base_url=daemon.url, headers=headers, timeout=10) as http:
+        sid = http.post("/sandboxes", json={}).json()["sandbox_id"]
+        argv = [sys.executable, "-c", WRITER + "import time; time.sleep(60)  # sleep-ok\n"]
+        pid = http.post(f"/sandboxes/{sid}/processes", json={"argv": argv}).json()["pid"]
+        path = f"/sandboxes/{sid}/processes/{pid}"
+        deadline = time.monotonic() + 10
+        while http.get(path).json()["total_bytes"] < BLOCKS * 65536:
+            assert time.monotonic() < deadline, "the writer did not write"
+            time.sleep(0.02)  # sleep-ok: polling with a deadline
+        host, port = daemon.url.removeprefix("http://").rsplit(":", 1)
+        for _ in range(20):
+            sock = socket.create_connection((host, int(port)))
+            sock.sendall(
+                f"GET {path}/stream?cursor=0 HTTP/1.1\r\nHost: x\r\n"
+                f"Authorization: Bearer {daemon.token}\r\n\r\n".encode()
+            )
+            sock.recv(1 << 16)
+            # Close with a reset (linger 0), in the middle of the replay.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            sock.close()
+        rows = http.get(f"/sandboxes/{sid}/consumers").json()
+        deadline = time.monotonic() + 10
+        while any(r["closed_at"] is None for r in rows):
+            assert time.monotonic() < deadline, rows
+            time.sleep(0.02)  # sleep-ok: polling with a deadline
+            rows = http.get(f"/sandboxes/{sid}/consumers").json()
+        http.delete(f"/sandboxes/{sid}")
+    assert "socket.send() raised exception" not in caplog.text

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sandboxkit import AsyncSandbox, DaemonUnavailable, StdinSeqMismatch
+from sandboxkit import AsyncSandbox, DaemonUnavailable, StdinBusy, StdinSeqMismatch
 from sandboxkit.client.api import ApiClient
 from sandboxkit.client.stdin import HttpStdinTransport, StdinConnection, StdinSession
 from sandboxkit.daemon.stdin import StdinLedger
@@ -50,7 +50,8 @@ class ScriptedTransport:
     ``fail_after``: the ack stream fails with ``DaemonUnavailable`` right after acking each
     of these batch numbers (once each). ``ack_limit``: batches from this number on are never
     acked; the connection fails instead. ``fail_on_aclose``: dropping a connection raises.
-    ``silent``: connections never ack and never fail (a peer that went quiet).
+    ``silent``: connections never ack and never fail (a peer that went quiet). ``error``:
+    what ``fail_after`` raises.
     """
 
     def __init__(
@@ -60,8 +61,10 @@ class ScriptedTransport:
         ack_limit: int | None = None,
         fail_on_aclose: bool = False,
         silent: bool = False,
+        error: type[SandboxkitError] = DaemonUnavailable,
     ) -> None:
         self.silent = silent
+        self.error = error
         self.fail_after = set(fail_after)
         self.ack_limit = ack_limit
         self.fail_on_aclose = fail_on_aclose
@@ -102,7 +105,7 @@ class ScriptedConnection:
                 self.t.fail_after.discard(seq)
                 self.t.failures += 1
                 self.t.failed.set()
-                raise DaemonUnavailable(f"connection reset after acking batch {seq}")
+                raise self.t.error(f"connection reset after acking batch {seq}")
 
     async def aclose(self) -> None:
         self.t.closes += 1
@@ -196,6 +199,27 @@ async def test_idle_connection_loss_costs_no_retry_and_later_writes_reconnect() 
     assert session.acked == 3
     assert transport.sent == [0, 1, 2]
     assert transport.connects == 2
+
+
+@pytest.mark.timeout(30)
+async def test_every_retriable_error_is_retried_and_no_other() -> None:
+    """The session retries by category: StdinBusy (the daemon's stdin buffer was full) is
+    Retriable, so the batch goes again and lands once; a non-retriable error ends it."""
+    busy = ScriptedTransport(fail_after=[0], error=StdinBusy)
+    session = StdinSession(busy, retries=1, backoff=0.001)
+    await asyncio.wait_for(session.write_all([b"one\n", b"two\n"]), HANG)
+    assert session.finished
+    assert busy.failures == 1
+    assert busy.acked == [0, 1]
+    assert busy.connects == 2
+
+    refused = ScriptedTransport(fail_after=[0], error=StdinSeqMismatch)
+    doomed = StdinSession(refused, retries=3, backoff=0.001)
+    await doomed.write(b"one\n")
+    await doomed.write(b"two\n")
+    with pytest.raises(StdinSeqMismatch):
+        await asyncio.wait_for(doomed.close(), HANG)
+    assert refused.connects == 1
 
 
 # -- (d) retries exhausted with something unacked -------------------------------------------

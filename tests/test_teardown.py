@@ -15,16 +15,20 @@ import socket
 import sys
 import time
 import weakref
+from pathlib import Path
 from typing import Any
 
+import httpx
 import psutil
 import pytest
 from conftest import fast_config, wait_until
+from freezer_support import served
 from support import poll as _poll
 
 from sandboxkit import AsyncSandbox, Sandbox, SandboxClosed
 from sandboxkit.client.results import SandboxInfo
 from sandboxkit.client.tasks import TaskOwner
+from sandboxkit.daemon.freezer import cgroup_v2_available
 from sandboxkit.daemon.server import DaemonServer
 
 
@@ -340,5 +344,98 @@ async def test_stopped_daemon_leaves_no_process_and_stops_in_bounded_time() -> N
         if not stopped:
             await asyncio.to_thread(server.stop)
         for proc in _marked(marker):  # only on failure: leave nothing behind
+            with contextlib.suppress(psutil.Error):
+                os.kill(proc.pid, signal.SIGKILL)
+
+
+# -- setsid'd descendants, whichever the freezer -----------------------------------------
+
+FREEZERS = [
+    pytest.param(
+        "cgroup",
+        marks=pytest.mark.skipif(not cgroup_v2_available(), reason="no cgroup v2 freezer"),
+    ),
+    "signals",
+]
+
+
+def _escaping(marker: str) -> str:
+    """A leader whose child double-forks into a session of its own: reparented away from
+    the leader (to init) and outside the leader's session and process group."""
+    return f"(setsid sleep {marker}1 >/dev/null 2>&1 &); exec sleep {marker}2"
+
+
+def _escaped(marker: str) -> list[int]:
+    """The escaped grandchild, once it leads a session of its own."""
+    found = []
+    for proc in _marked(f"{marker}1"):
+        with contextlib.suppress(psutil.Error, OSError):
+            if proc.name() == "sleep" and os.getsid(proc.pid) == proc.pid:
+                found.append(proc.pid)
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("freezer", FREEZERS)
+def test_stop_kills_setsid_descendants(tmp_path: Path, freezer: str) -> None:
+    marker = f"{secrets.randbelow(10**6) + 10**6}"
+    try:
+        with served(tmp_path, "--freezer", freezer) as daemon:
+            with httpx.Client(base_url=daemon.url, headers=daemon.headers) as http:
+                sid = http.post("/sandboxes", json={}).json()["sandbox_id"]
+                assert http.get(f"/sandboxes/{sid}").json()["freezer"] == freezer
+                made = http.post(f"/sandboxes/{sid}/processes", json={"cmd": _escaping(marker)})
+                leader = made.json()["pid"]
+            wait_until(lambda: _escaped(marker), what="the escaped grandchild")
+            escaped = _escaped(marker)
+            assert psutil.Process(escaped[0]).ppid() != leader
+            assert os.getsid(escaped[0]) != os.getsid(leader)
+
+            stopped = daemon.cli("stop")
+            assert stopped.returncode == 0, stopped.stderr
+            assert daemon.proc.wait(10) in (0, -signal.SIGTERM)
+            wait_until(
+                lambda: not _alive(leader) and not any(_alive(p) for p in escaped),
+                what="the leader and its setsid'd grandchild to be killed by stop",
+            )
+    finally:
+        for proc in _marked(marker):  # only on failure: leave nothing behind
+            with contextlib.suppress(psutil.Error):
+                os.kill(proc.pid, signal.SIGKILL)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("freezer", FREEZERS)
+async def test_restart_and_kill_reach_setsid_descendants(freezer: str) -> None:
+    """A process's kill (and so its restart) ends what it started, even what escaped its
+    session and parentage; other processes of the sandbox live on until the sandbox is
+    killed."""
+    marker = f"{secrets.randbelow(10**6) + 10**6}"
+    other = f"{secrets.randbelow(10**6) + 10**6}"
+    server = await asyncio.to_thread(DaemonServer(fast_config(freezer=freezer)).start)
+    try:
+        async with await AsyncSandbox.create(url=server.url, token=server.token) as sbx:
+            bystander = await sbx.commands.start(["sh", "-c", _escaping(other)])
+            first = await sbx.commands.start(["sh", "-c", _escaping(marker)])
+            await _poll(lambda: _escaped(marker) and _escaped(other), 10, "escaped children")
+            escaped = _escaped(marker)
+
+            second = await sbx.commands.restart(first.pid)
+            assert second.pid != first.pid
+            await _poll(lambda: not any(_alive(p) for p in escaped), 10, "the old escapee")
+            await _poll(lambda: len(_escaped(marker)) == 1, 10, "the new one's escapee")
+            assert _alive(bystander.pid) and len(_escaped(other)) == 1
+
+            escaped = _escaped(marker)
+            assert await sbx.commands.kill(second.pid)
+            await _poll(lambda: not any(_alive(p) for p in escaped), 10, "the killed escapee")
+            assert _alive(bystander.pid) and len(_escaped(other)) == 1
+            escaped = _escaped(other)
+        # Leaving the block kills the sandbox: the bystander's escapee goes with it.
+        await _poll(lambda: not any(_alive(p) for p in escaped), 10, "the sandbox's escapee")
+    finally:
+        await asyncio.to_thread(server.stop)
+        for proc in _marked(marker) + _marked(other):  # only on failure
             with contextlib.suppress(psutil.Error):
                 os.kill(proc.pid, signal.SIGKILL)

@@ -59,18 +59,18 @@ PROBES = [
     Probe(
         "create-kick-grace-nan",
         "/sandboxes",
-        b'{"fanout": "kick", "kick_grace": NaN}',
+        b'{"lab": {"fanout": "kick", "kick_grace": NaN}}',
         422,
         "invalid_argument",
-        "kick_grace",
+        "lab.kick_grace",
     ),
     Probe(
         "create-kick-grace-huge",
         "/sandboxes",
-        b'{"kick_grace": 1e308}',
+        b'{"lab": {"kick_grace": 1e308}}',
         422,
         "invalid_argument",
-        "kick_grace",
+        "lab.kick_grace",
     ),
     Probe(
         "start-timeout-infinity",
@@ -200,10 +200,10 @@ PROBES = [
     Probe(
         "create-ghost-buffer-2-62",
         "/sandboxes",
-        _j({"pause_ghosts": True, "ghost_buffer": 2**62}),
+        _j({"lab": {"pause_ghosts": True, "ghost_buffer": 2**62}}),
         422,
         "invalid_argument",
-        "ghost_buffer",
+        "lab.ghost_buffer",
     ),
     # The body limit.
     Probe(

@@ -171,7 +171,7 @@ class ApiClient:
             async with open_raw_stream(self.url, path, query, self._headers) as raw:
                 self._raw_streams.add(raw)
                 try:
-                    yield FrameStream(raw.chunks())
+                    yield FrameStream(raw.chunks(), raw.batches() if raw.framed else None)
                 finally:
                     self._raw_streams.discard(raw)
             return
@@ -196,12 +196,18 @@ class FrameStream(AsyncIterator[Frame]):
     :meth:`batches`, the frames each network read completed, one list per read (one
     iteration step per read instead of per frame, for readers at full rate)."""
 
-    def __init__(self, body: AsyncIterator[bytes]) -> None:
+    def __init__(
+        self, body: AsyncIterator[bytes], batches: AsyncIterator[list[Frame]] | None = None
+    ) -> None:
         self._body = body
+        self._batches = batches  # frames decoded below (raw_stream), if they are
         self._frames = self._each()
 
-    async def batches(self) -> AsyncIterator[list[Frame]]:
+    def batches(self) -> AsyncIterator[list[Frame]]:
         """Lists of frames, one per network read that completed any."""
+        return self._batches if self._batches is not None else self._decode()
+
+    async def _decode(self) -> AsyncIterator[list[Frame]]:
         decoder = FrameDecoder()
         async for data in self._body:
             frames = decoder.feed(data)

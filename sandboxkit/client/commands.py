@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import signal
+from collections.abc import Callable
 from typing import Any, Literal, overload
 
 from sandboxkit.client.api import ApiClient
@@ -48,6 +50,10 @@ def exit_error(result: CommandResult) -> CommandExitError:
     return CommandExitError(message, pid=result.pid, exit_code=code, result=result)
 
 
+async def _await(awaitable: Any) -> None:
+    await awaitable
+
+
 def _retrieve(task: asyncio.Task[Any]) -> None:
     # A handle nobody waits on must not print "Task exception was never retrieved";
     # wait() still raises the error, from the task.
@@ -55,18 +61,29 @@ def _retrieve(task: asyncio.Task[Any]) -> None:
         task.exception()
 
 
-__all__ = ["AsyncCommandHandle", "AsyncCommands"]
+__all__ = ["AsyncCommandHandle", "AsyncCommands", "OnEnd"]
+
+OnEnd = Callable[["AsyncCommandHandle"], Any]
+"""Called once with the handle when it stops following its process — the process exited
+(``handle.exit_code``), the stream ended with an error (``handle.error``), or the handle
+was disconnected (neither) — after the last output callback. Sync or async; an async one
+runs as a task of the sandbox client, so it is not run once the client is closed."""
 
 
 class AsyncCommandHandle:
     """A running (or finished) process whose output this client follows."""
 
-    def __init__(self, commands: AsyncCommands, stream: ProcessStream) -> None:
+    def __init__(
+        self, commands: AsyncCommands, stream: ProcessStream, on_end: OnEnd | None = None
+    ) -> None:
         self._commands = commands
         self.stream = stream
         self.pid = stream.pid
+        self._on_end = on_end
+        self._disconnecting = False
         self._task = commands._owner.spawn(stream.run(), name=f"sandboxkit-stream-{self.pid}")
         self._task.add_done_callback(_retrieve)
+        self._task.add_done_callback(self._stream_ended)
 
     @property
     def cursor(self) -> Cursor | None:
@@ -106,6 +123,16 @@ class AsyncCommandHandle:
         """True once the stream ended (exit, error or disconnect)."""
         return self._task.done()
 
+    @property
+    def error(self) -> BaseException | None:
+        """The error the stream ended with (e.g. a
+        :class:`~sandboxkit.errors.StreamInterrupted` it gave up reattaching after, or
+        :class:`~sandboxkit.errors.OutputGap` with ``on_gap="raise"``); ``None`` while it
+        runs, after the process exited, and after :meth:`disconnect`."""
+        if not self._task.done() or self._task.cancelled():
+            return None
+        return self._task.exception()
+
     def result(self) -> CommandResult:
         """What was received so far, as a :class:`CommandResult`."""
         lost = self.stream.stats.bytes_lost + self.stream.bytes_dropped
@@ -143,10 +170,37 @@ class AsyncCommandHandle:
         from, exactly after the last output delivered here — with the bytes of a character
         split there, so text continues exactly:
         ``commands.connect(pid, cursor=await handle.disconnect())``."""
+        self._disconnecting = True  # on_end waits for the last lines, below
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
-        await self.stream.flush_lines()
+        try:
+            await self.stream.flush_lines()
+        finally:
+            self._end()
         return self.cursor
+
+    def _stream_ended(self, task: asyncio.Task[Any]) -> None:
+        if not self._disconnecting:
+            self._end()
+
+    def _end(self) -> None:
+        on_end, self._on_end = self._on_end, None
+        if on_end is None:
+            return
+        try:
+            result = on_end(self)
+            if not inspect.isawaitable(result):
+                return
+            owner = self._commands._owner
+            if owner.closed:  # its task would be cancelled before it ran
+                if inspect.iscoroutine(result):
+                    result.close()
+                return
+            owner.spawn(_await(result), name=f"sandboxkit-on-end-{self.pid}")
+        except Exception as exc:  # a callback's bug is reported, as asyncio reports its own
+            asyncio.get_running_loop().call_exception_handler(
+                {"message": f"on_end of process {self.pid} raised", "exception": exc}
+            )
 
     async def send_stdin(self, data: str | bytes) -> None:
         """Write to the process's stdin."""
@@ -211,6 +265,7 @@ class AsyncCommands:
         on_stdout_bytes: BytesCallback | None = None,
         on_stderr_bytes: BytesCallback | None = None,
         keep_output: KeepOutput | None = None,
+        on_end: OnEnd | None = None,
     ) -> CommandResult: ...
 
     @overload
@@ -230,6 +285,7 @@ class AsyncCommands:
         on_stdout_bytes: BytesCallback | None = None,
         on_stderr_bytes: BytesCallback | None = None,
         keep_output: KeepOutput | None = None,
+        on_end: OnEnd | None = None,
     ) -> AsyncCommandHandle: ...
 
     @overload
@@ -249,6 +305,7 @@ class AsyncCommands:
         on_stdout_bytes: BytesCallback | None = None,
         on_stderr_bytes: BytesCallback | None = None,
         keep_output: KeepOutput | None = None,
+        on_end: OnEnd | None = None,
     ) -> CommandResult | AsyncCommandHandle: ...
 
     async def run(
@@ -267,6 +324,7 @@ class AsyncCommands:
         on_stdout_bytes: BytesCallback | None = None,
         on_stderr_bytes: BytesCallback | None = None,
         keep_output: KeepOutput | None = None,
+        on_end: OnEnd | None = None,
     ) -> CommandResult | AsyncCommandHandle:
         """Run a command. Foreground (default): wait and return a :class:`CommandResult`,
         raising CommandExitError on a non-zero exit. ``background=True``: return an
@@ -283,7 +341,10 @@ class AsyncCommands:
         foreground, 8 MiB in the background. Output lost to a gap is announced (an
         :class:`~sandboxkit.errors.OutputGapWarning` and a marker in ``stdout``) unless
         ``on_gap`` handles it. A foreground result is complete or the call raises
-        :class:`~sandboxkit.errors.OutputIncomplete` saying how many bytes were lost."""
+        :class:`~sandboxkit.errors.OutputIncomplete` saying how many bytes were lost.
+
+        ``on_end(handle)`` is called once when the handle stops following the process
+        (see :data:`OnEnd`), after the last output callback."""
         if keep_output is None:
             keep_output = DEFAULT_KEEP_OUTPUT if background else True
         info = await self.start(cmd, envs=envs, cwd=cwd, timeout=timeout, pty=pty)
@@ -297,6 +358,7 @@ class AsyncCommands:
             on_stdout_bytes=on_stdout_bytes,
             on_stderr_bytes=on_stderr_bytes,
             keep_output=keep_output,
+            on_end=on_end,
         )
         if background:
             return handle
@@ -333,12 +395,16 @@ class AsyncCommands:
         on_stdout_bytes: BytesCallback | None = None,
         on_stderr_bytes: BytesCallback | None = None,
         keep_output: KeepOutput = DEFAULT_KEEP_OUTPUT,
+        on_end: OnEnd | None = None,
     ) -> AsyncCommandHandle:
         """Follow a running or recently exited process from ``cursor`` (default: the oldest
         retained output). An unknown or evicted pid raises ResultUnavailable here, before
         a handle exists. Callbacks, gaps and ``keep_output`` (default: the newest 8 MiB)
-        as in :meth:`run`; ``role`` labels this reader in the consumer metrics (default
-        ``sdk``)."""
+        and ``on_end`` as in :meth:`run`; ``role`` labels this reader in the consumer
+        metrics (default ``sdk``). In a fault-lab sandbox whose fan-out is ``blocking`` or
+        ``kick`` the cursor cannot be honoured (those designs deliver new output only):
+        the stream starts where the policy is and a
+        :class:`~sandboxkit.lab_options.LabCursorIgnored` warning says so."""
         await self._call("GET", self._path(pid))
         return self._follow(
             pid,
@@ -351,6 +417,7 @@ class AsyncCommands:
             on_stdout_bytes=on_stdout_bytes,
             on_stderr_bytes=on_stderr_bytes,
             keep_output=keep_output,
+            on_end=on_end,
         )
 
     def _follow(
@@ -366,6 +433,7 @@ class AsyncCommands:
         on_stdout_bytes: BytesCallback | None,
         on_stderr_bytes: BytesCallback | None,
         keep_output: KeepOutput,
+        on_end: OnEnd | None = None,
     ) -> AsyncCommandHandle:
         self._owner.check()
         stream = ProcessStream(
@@ -382,7 +450,7 @@ class AsyncCommands:
             on_stderr_bytes=on_stderr_bytes,
             keep_output=keep_output,
         )
-        return AsyncCommandHandle(self, stream)
+        return AsyncCommandHandle(self, stream, on_end)
 
     async def try_run(self, cmd: str | list[str], **options: Any) -> Ok[CommandResult] | Failed:
         """:meth:`run` in the foreground, returning ``Ok(result)`` or ``Failed(error)``

@@ -37,6 +37,10 @@ class StartMeta(msgspec.Struct):
     keepalive_interval: Interval | None = None
     process_state: State = None
     sandbox_state: State = None
+    requested_cursor: Seq | None = None
+    """The cursor the client asked for; differs from ``cursor`` only under a fault-lab
+    fan-out policy that cannot honour it (``blocking``/``kick``)."""
+    fanout: str | None = None
 
 
 class DataMeta(msgspec.Struct):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 
+from sandboxkit._proc import pid_alive
 from sandboxkit.client.api import http_options
 from sandboxkit.errors import DaemonUnavailable
 from sandboxkit.statefile import (
@@ -85,7 +86,7 @@ def _known_daemon() -> Connection | None:
     if _last is None:
         return None
     asked, path, identity, state = _last
-    if asked != default_state_path() or _identity(path) != identity or not _pid_alive(state.pid):
+    if asked != default_state_path() or _identity(path) != identity or not pid_alive(state.pid):
         return None
     return Connection(state.url, state.token)
 
@@ -108,7 +109,7 @@ def _identity(path: Path) -> tuple[int, int, int] | None:
 
 def probe(state: DaemonState, timeout: float = 2.0) -> bool:
     """True if the daemon in ``state`` answers its health check with this token."""
-    if not _pid_alive(state.pid):
+    if not pid_alive(state.pid):
         return False
     try:
         response = httpx.get(
@@ -199,13 +200,3 @@ def _locked(path: Path):  # type: ignore[no-untyped-def]
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

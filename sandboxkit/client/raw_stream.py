@@ -1,10 +1,16 @@
-"""A process stream read straight off its socket: large reads parsed by h11, the HTTP/1.1
-parser httpx itself uses, without httpx's per-chunk layers (httpcore, anyio).
+"""A process stream read straight off its socket, below httpx's per-chunk layers (httpcore,
+anyio): the request and the response head through h11, the HTTP/1.1 parser httpx itself
+uses, then the chunked body decoded into frames as the bytes arrive.
 
 A stream is one long response read at full rate, where every layer's cost per chunk
-counts (issue 11: the SDK consumer's CPU per GB against a bare httpx reader). Used for
-plain-HTTP daemons when no custom httpx transport was given; everything else goes
-through httpx.
+counts (issue 11: the SDK consumer's CPU per GB against a bare httpx reader, and the
+latency from a child's line to the callback). So the socket is read into one buffer kept
+for the whole stream (no fresh 256 KiB object per read for the kernel to fault in), and
+the body's chunk framing is taken apart in place, each chunk's bytes going straight to
+the frame decoder: a payload byte is copied once after the kernel's copy (into its
+frame) instead of five times through h11's buffers, and a line costs no per-event h11
+machinery. Used for plain-HTTP daemons when no custom httpx transport was given;
+everything else goes through httpx.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlencode, urlsplit
@@ -19,46 +26,284 @@ from urllib.parse import urlencode, urlsplit
 import h11
 
 from sandboxkit._compat import within
-from sandboxkit.errors import DaemonUnavailable, SandboxkitError, error_from_wire
+from sandboxkit.errors import DaemonUnavailable, MalformedFrame, SandboxkitError, error_from_wire
+from sandboxkit.wire import Frame, FrameDecoder
 
-__all__ = ["RawStream", "open_raw_stream"]
+__all__ = ["ChunkedBody", "RawStream", "open_raw_stream"]
 
 _READ = 256 * 1024
-"""Bytes asked of the socket per read (the daemon sends up to 256 KiB at a time)."""
-_BUFFER = 64 * 1024
-"""The reader stops taking from the socket at twice this much unread: a reader that falls
-behind must show as behind at the daemon (its lag, its gaps), not fill client memory."""
+"""Bytes taken from the socket per read at most (the daemon sends up to 256 KiB at a time)."""
+_BUFFER = 128 * 1024
+"""The reader stops taking from the socket at more than this much received and not yet
+taken by the stream (and resumes once it is): a reader that falls behind must show as
+behind at the daemon (its lag, its gaps), not fill client memory."""
 _OPEN_TIMEOUT = 10.0
 _ERROR_BODY = 1024 * 1024
+_LINE = 4096
+"""The longest chunk-size or trailer line accepted (the daemon's are a few bytes)."""
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+_SIZE_LINE = re.compile(rb"([0-9a-fA-F]{1,16})(?:[ \t]*;[^\r\n]*)?\r\n")
+"""A whole chunk-size line; anything else goes the long way (and may be refused there)."""
 
 
-class RawStream:
-    """An open stream's body: :meth:`chunks` yields the bytes of each read."""
+class BadChunk(Exception):
+    """The body's chunked framing is broken."""
 
-    def __init__(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: h11.Connection
-    ) -> None:
-        self._reader = reader
-        self._writer = writer
-        self._conn = conn
 
-    async def chunks(self) -> AsyncIterator[bytes]:
-        """The body, as it arrives: all the body bytes of each read, joined."""
-        conn, reader = self._conn, self._reader
-        pieces: list[bytes] = []
+class ChunkedBody:
+    """The HTTP/1.1 chunked transfer coding (RFC 9112, section 7.1), decoded incrementally:
+    :meth:`feed` hands each piece of chunk data to ``out`` as a view into the bytes fed
+    (nothing copied) and raises :class:`BadChunk` on bytes that break the framing.
+    Chunk extensions and trailer fields are skipped."""
+
+    def __init__(self) -> None:
+        self._line = bytearray()  # a size or trailer line begun in earlier bytes
+        self._left = 0  # bytes of the current chunk's data still to come
+        self._crlf = 0  # bytes of the CRLF after chunk data still to come
+        self._trailers = False  # after the last chunk: trailer lines, then an empty one
+        self.done = False
+        """True once the last chunk and the trailer section were read."""
+
+    def feed(self, data: bytes | bytearray, out: Any, end: int | None = None) -> None:
+        """Decode ``data`` (up to ``end``); call ``out(view)`` for each piece of chunk
+        data in it."""
+        end = len(data) if end is None else end
+        pos = 0
+        with memoryview(data) as view:
+            while pos < end:
+                if self.done:
+                    raise BadChunk("bytes after the end of the body")
+                if self._left:
+                    take = min(self._left, end - pos)
+                    out(view[pos : pos + take])
+                    pos += take
+                    self._left -= take
+                    if self._left:
+                        continue
+                    if data[pos : pos + 2] == b"\r\n":  # the usual case: the CRLF is here
+                        pos += 2
+                    else:
+                        self._crlf = 2
+                    continue
+                if self._crlf:
+                    if data[pos] != (13 if self._crlf == 2 else 10):
+                        raise BadChunk("chunk data not followed by CRLF")
+                    pos += 1
+                    self._crlf -= 1
+                    continue
+                if not self._line and not self._trailers:
+                    # The usual case, in one step: a whole size line (and its extensions).
+                    match = _SIZE_LINE.match(data, pos, end)
+                    if match is not None:
+                        self._left = int(match[1], 16)
+                        self._trailers = not self._left
+                        pos = match.end()
+                        continue
+                newline = data.find(b"\n", pos, end)
+                if newline < 0:
+                    self._line += view[pos:end]
+                    if len(self._line) > _LINE:
+                        raise BadChunk("chunk line too long")
+                    return
+                if self._line:
+                    self._line += view[pos:newline]
+                    line = bytes(self._line)
+                    self._line.clear()
+                else:
+                    line = bytes(view[pos:newline])
+                pos = newline + 1
+                self._line_done(line)
+
+    def _line_done(self, line: bytes) -> None:
+        if len(line) > _LINE or not line.endswith(b"\r"):
+            raise BadChunk(f"bad chunk line {line[:40]!r}")
+        line = line[:-1]
+        if self._trailers:
+            if not line:
+                self.done = True
+            return  # a trailer field: not used
+        size = line.split(b";", 1)[0].strip(b" \t")
+        if not size or len(size) > 16 or not _HEX.issuperset(size):
+            raise BadChunk(f"bad chunk size {line[:40]!r}")
+        self._left = int(size, 16)
+        if not self._left:
+            self._trailers = True
+
+
+class _Reader(asyncio.BufferedProtocol):
+    """The socket's bytes, received into one buffer kept for the whole stream: to h11
+    until the response head is read, then (a chunked 200) through :class:`ChunkedBody`
+    into the frame decoder, as they arrive.
+
+    Not ``asyncio.StreamReader`` (nor a plain ``Protocol``): each read would be a new
+    256 KiB object — fresh memory the kernel faults in page by page, the largest single
+    cost of a stream read at full rate — and StreamReader copies every byte into its
+    buffer and out again on top."""
+
+    def __init__(self) -> None:
+        self.conn = h11.Connection(h11.CLIENT)
+        self.transport: asyncio.Transport | None = None
+        self._raw = bytearray(_READ)
+        self._buffer = memoryview(self._raw)
+        self._unread = 0
+        self._paused = False
+        self._closed = False
+        self._error: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        # The body, once it is read as frames (see start_frames).
+        self._body: ChunkedBody | None = None
+        self._decoder = FrameDecoder()
+        self._frames: list[Frame] = []
+
+    # -- the event loop's side -------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._error is not None:
+            return
+        try:
+            if self._body is not None:
+                self._take(self._raw, nbytes)
+            else:
+                # h11 appends the bytes to its buffer: any bytes-like will do, no copy first.
+                self.conn.receive_data(self._buffer[:nbytes])  # type: ignore[arg-type]
+        except RuntimeError as exc:  # h11: bytes after the end
+            self._fail(DaemonUnavailable(f"stream broke: {exc!r}"[:300]))
+            return
+        self._unread += nbytes
+        if self._unread > _BUFFER and not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self._end()
+        return False  # close the transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if exc is not None:
+            error = DaemonUnavailable(f"stream broke: {exc!r}"[:300])
+            error.__cause__ = exc
+            self._fail(error)
+        self._end()
+
+    def _end(self) -> None:
+        self._closed = True
+        if self._body is None:
+            self.conn.receive_data(b"")
+        elif not self._body.done:
+            self._fail(DaemonUnavailable("stream broke: connection closed inside the body"))
+        self._wake()
+
+    def _take(self, data: bytes | bytearray, size: int) -> None:
+        assert self._body is not None
+        try:
+            self._body.feed(data, self._feed, size)
+        except BadChunk as exc:
+            self._fail(DaemonUnavailable(f"stream broke: {exc}"[:300]))
+        except MalformedFrame as exc:
+            self._fail(exc)
+
+    def _feed(self, piece: memoryview) -> None:
+        frames = self._decoder.feed(piece)
+        if frames:
+            self._frames += frames
+
+    def _fail(self, error: BaseException) -> None:
+        if self._error is None:
+            self._error = error
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _wait(self) -> None:
+        # Everything received so far is taken: let the socket be read again.
+        self._unread = 0
+        if self._paused and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    # -- the stream's side -----------------------------------------------------------
+
+    async def next_event(self) -> Any:
+        """h11's next event (before the body is read as frames), waiting for bytes."""
+        conn = self.conn
         while True:
             try:
                 event = conn.next_event()
             except h11.ProtocolError as exc:
                 raise DaemonUnavailable(f"stream broke: {exc!r}"[:300]) from exc
-            if type(event) is h11.Data:
-                pieces.append(bytes(event.data))
+            if event is not h11.NEED_DATA:
+                return event
+            if self._error is not None:
+                raise self._error
+            await self._wait()
+
+    def start_frames(self) -> None:
+        """Read the rest of the body (chunked) as frames: see :meth:`batches`."""
+        self._body = ChunkedBody()
+        rest, closed = self.conn.trailing_data
+        if rest:
+            self._take(rest, len(rest))
+        if closed:
+            self._end()
+
+    async def batches(self) -> AsyncIterator[list[Frame]]:
+        """The frames each read completed; the end of the body ends it."""
+        body = self._body
+        assert body is not None
+        while True:
+            if self._frames:
+                frames, self._frames = self._frames, []
+                yield frames
                 continue
-            if pieces:
-                yield pieces[0] if len(pieces) == 1 else b"".join(pieces)
-                pieces = []
-            if event is h11.NEED_DATA:
-                conn.receive_data(await _read(reader))
+            if self._error is not None:
+                raise self._error
+            if body.done:
+                if self._decoder.pending:
+                    raise MalformedFrame(
+                        f"stream ended inside a frame ({self._decoder.pending} bytes)"
+                    )
+                return
+            await self._wait()
+
+
+class RawStream:
+    """An open stream's body: :meth:`batches` (frames) or :meth:`chunks` (bytes)."""
+
+    def __init__(self, reader: _Reader) -> None:
+        self._reader = reader
+
+    @property
+    def framed(self) -> bool:
+        """True if the body is read as frames (:meth:`batches`), not bytes."""
+        return self._reader._body is not None
+
+    def batches(self) -> AsyncIterator[list[Frame]]:
+        """The body's frames, in lists: the frames each read completed."""
+        return self._reader.batches()
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The body's bytes as h11 reads them (a body not read as frames)."""
+        next_event = self._reader.next_event
+        while True:
+            event = await next_event()
+            if type(event) is h11.Data:
+                yield event.data  # h11 hands a bytearray: bytes-like, not copied again
             elif type(event) is h11.EndOfMessage:
                 return
             else:
@@ -77,14 +322,13 @@ class RawStream:
 
     def close(self) -> None:
         """Drop the connection (a stream's connection is never reused)."""
-        self._writer.close()
+        if self._reader.transport is not None:
+            self._reader.transport.close()
 
-
-async def _read(reader: asyncio.StreamReader) -> bytes:
-    try:
-        return await reader.read(_READ)
-    except OSError as exc:
-        raise DaemonUnavailable(f"stream broke: {exc!r}") from exc
+    def abort(self) -> None:
+        """Drop the connection at once, unsent bytes and all (as a network failure)."""
+        if self._reader.transport is not None:
+            self._reader.transport.abort()
 
 
 @contextlib.asynccontextmanager
@@ -92,8 +336,8 @@ async def open_raw_stream(
     url: str, path: str, query: dict[str, Any], headers: dict[str, str]
 ) -> AsyncIterator[RawStream]:
     """GET ``path`` on the plain-HTTP daemon at ``url``; yields the open stream once its
-    status is 200, raises the daemon's typed error otherwise, and always closes the
-    connection on exit."""
+    status is 200 (a chunked body is read as frames: :meth:`RawStream.batches`), raises
+    the daemon's typed error otherwise, and always closes the connection on exit."""
     parts = urlsplit(url)
     host = (parts.hostname or "127.0.0.1").strip("[]")
     port = parts.port or 80
@@ -103,22 +347,22 @@ async def open_raw_stream(
     try:
         # within(), not asyncio.wait_for: before 3.12 wait_for swallows a cancellation
         # that arrives as the connection opens, and a disconnect() would wait forever.
-        reader, writer = await within(
-            asyncio.open_connection(host, port, limit=_BUFFER), _OPEN_TIMEOUT
-        )
+        loop = asyncio.get_running_loop()
+        _, reader = await within(loop.create_connection(_Reader, host, port), _OPEN_TIMEOUT)
     except (OSError, TimeoutError) as exc:
         raise DaemonUnavailable(f"cannot reach the daemon: {exc!r}", url=url) from exc
-    conn = h11.Connection(h11.CLIENT)
-    stream = RawStream(reader, writer, conn)
+    conn = reader.conn
+    stream = RawStream(reader)
     try:
         request = h11.Request(
             method="GET",
             target=target,
             headers=[("Host", parts.netloc), *headers.items()],
         )
-        writer.write(conn.send(request) + conn.send(h11.EndOfMessage()))
+        assert reader.transport is not None
+        reader.transport.write(conn.send(request) + conn.send(h11.EndOfMessage()))
         try:
-            response = await within(_head(conn, reader), _OPEN_TIMEOUT)
+            response = await within(_head(reader), _OPEN_TIMEOUT)
         except (h11.ProtocolError, TimeoutError) as exc:
             raise DaemonUnavailable(f"stream broke: {exc!r}"[:300], url=url) from exc
         if response.status_code != 200:
@@ -129,6 +373,8 @@ async def open_raw_stream(
                 parsed = None
             error: SandboxkitError = error_from_wire(parsed, response.status_code)
             raise error
+        if _chunked(response):
+            reader.start_frames()
         yield stream
     except h11.ProtocolError as exc:
         raise DaemonUnavailable(f"stream broke: {exc!r}"[:300], url=url) from exc
@@ -136,12 +382,15 @@ async def open_raw_stream(
         stream.close()
 
 
-async def _head(conn: h11.Connection, reader: asyncio.StreamReader) -> h11.Response:
+def _chunked(response: h11.Response) -> bool:
+    codings = [value for name, value in response.headers if name == b"transfer-encoding"]
+    return codings == [b"chunked"]
+
+
+async def _head(reader: _Reader) -> h11.Response:
     while True:
-        event = conn.next_event()
-        if event is h11.NEED_DATA:
-            conn.receive_data(await _read(reader))
-        elif type(event) is h11.Response:
+        event = await reader.next_event()
+        if type(event) is h11.Response:
             return event
-        elif type(event) is not h11.InformationalResponse:
+        if type(event) is not h11.InformationalResponse:
             raise DaemonUnavailable(f"stream broke: unexpected {event!r}"[:300])

@@ -1,4 +1,5 @@
-"""Plain result types returned by the client."""
+"""Plain result types returned by the client (:class:`CommandResult` is defined in
+:mod:`sandboxkit.results`, below the errors that carry one, and re-exported here)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,11 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+import msgspec
+
 from sandboxkit.errors import SandboxkitError
+from sandboxkit.lab_options import LabOptions
+from sandboxkit.results import CommandResult
 
 __all__ = [
     "CommandResult",
@@ -19,20 +24,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-
-@dataclass
-class CommandResult:
-    """What a finished command produced."""
-
-    stdout: str
-    stderr: str
-    exit_code: int | None
-    pid: int | None = None
-    error: str | None = None
-    bytes_lost: int = 0
-    """Output bytes missing from ``stdout``/``stderr`` (lost to gaps or beyond
-    ``keep_output``)."""
 
 
 @dataclass(frozen=True)
@@ -52,7 +43,13 @@ class ProcessInfo:
     consumers: int
     restarted_from: int | None
     restarted_to: int | None
-    raw: dict[str, Any] = field(repr=False, compare=False)
+    kill_reason: str | None = None
+    """Why sandboxkit killed it (``timeout``, ``kill``, ``sandbox_killed`` …), else ``None``."""
+    timeout: float | None = None
+    """The deadline it was started with (``None``: none, F10)."""
+    tag: str | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    """The daemon's JSON as received."""
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ProcessInfo:
@@ -72,6 +69,9 @@ class ProcessInfo:
             consumers=data.get("consumers", 0),
             restarted_from=data.get("restarted_from"),
             restarted_to=data.get("restarted_to"),
+            kill_reason=data.get("kill_reason"),
+            timeout=spec.get("timeout"),
+            tag=spec.get("tag"),
             raw=data,
         )
 
@@ -88,7 +88,18 @@ class SandboxInfo:
     created_at: float
     processes: int
     metadata: dict[str, str]
-    raw: dict[str, Any] = field(repr=False, compare=False)
+    workdir: str | None = None
+    """The sandbox's own working directory on the daemon's machine."""
+    freezer: str | None = None
+    """How the daemon freezes its processes: ``cgroup`` or ``signals``."""
+    fanout: str = "cursor"
+    """How output reaches its consumers: ``cursor`` unless ``lab`` chose another."""
+    lab: LabOptions | None = None
+    """The fault-lab options in force (every field set), or ``None``: a production
+    sandbox."""
+    killed_at: float | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    """The daemon's JSON as received."""
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SandboxInfo:
@@ -102,6 +113,11 @@ class SandboxInfo:
             created_at=data["created_at"],
             processes=data.get("processes", 0),
             metadata=data.get("metadata", {}),
+            workdir=data.get("workdir"),
+            freezer=data.get("freezer"),
+            fanout=data.get("fanout") or "cursor",
+            lab=None if data.get("lab") is None else msgspec.convert(data["lab"], LabOptions),
+            killed_at=data.get("killed_at"),
             raw=data,
         )
 

@@ -8,6 +8,7 @@ from types import TracebackType
 from typing import Any, Literal
 
 import httpx
+import msgspec
 import pandas as pd
 
 from sandboxkit.client.api import ApiClient
@@ -16,7 +17,8 @@ from sandboxkit.client.files import AsyncFiles
 from sandboxkit.client.local import Connection, resolve, resolved
 from sandboxkit.client.results import SandboxInfo
 from sandboxkit.client.tasks import TaskOwner
-from sandboxkit.errors import SandboxNotFound
+from sandboxkit.errors import InvalidArgument, SandboxNotFound
+from sandboxkit.lab_options import LabOptions
 
 __all__ = ["DEFAULT_TIMEOUT", "AsyncSandbox", "consumers_frame", "events_frame"]
 
@@ -83,13 +85,12 @@ class AsyncSandbox:
         *,
         envs: dict[str, str] | None = None,
         metadata: dict[str, str] | None = None,
-        fanout: str | None = None,
-        kick_grace: float | None = None,
-        pause_ghosts: bool = False,
-        ghost_buffer: int | None = None,
+        lab: LabOptions | None = None,
         url: str | None = None,
         token: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        provider: str | None = None,
+        provider_options: dict[str, Any] | None = None,
     ) -> AsyncSandbox:
         """Create a sandbox. It lives until you kill it (``kill()``, or the end of its
         ``with`` block) or until ``timeout`` seconds (default 300, as E2B) pass with no
@@ -97,9 +98,34 @@ class AsyncSandbox:
         ``on_timeout="pause"``. ``set_timeout`` changes the timeout; ``None``: never.
         With ``auto_resume`` a request to a paused sandbox resumes it.
 
-        Fault-lab options: ``fanout`` (``cursor``, the default; or ``blocking``/``kick``,
-        the shipped designs behind F1/F2), ``kick_grace`` for ``kick``, and
-        ``pause_ghosts``: streams open at a pause become ghosts on resume (F1)."""
+        ``lab=LabOptions(...)`` (:mod:`sandboxkit.lab_options`) makes it a fault-lab
+        sandbox: ``fanout`` ``blocking``/``kick`` (the shipped designs behind F1/F2;
+        they deliver new output only, so a ``connect(pid, cursor=...)`` starts at the
+        policy's position instead and the daemon records ``consumer.cursor_ignored``),
+        ``kick_grace``, ``queue``, and ``pause_ghosts``: streams open at a pause become
+        ghosts on resume (F1). Without it: ``cursor`` fan-out, no ghosts.
+
+        ``provider="e2b"``: an E2B sandbox behind this same interface, through the official
+        ``e2b`` SDK (``pip install 'sandboxkit[e2b]'``); ``url`` is then an envd URL (the
+        SDK's debug mode) and ``token`` an E2B API key, ``provider_options`` go to the
+        SDK (see :mod:`sandboxkit.providers.e2b` and ``docs/e2b.md``)."""
+        if provider is not None:
+            if lab is not None or transport is not None:
+                raise InvalidArgument(
+                    "lab= and transport= need a sandboxkit daemon, not a provider",
+                    field="provider",
+                )
+            from sandboxkit.providers import load
+
+            sandbox: AsyncSandbox = await load(provider).create(
+                timeout=timeout,
+                envs=envs,
+                metadata=metadata,
+                url=url,
+                token=token,
+                options=dict(provider_options or {}),
+            )
+            return sandbox
         conn = await _connection(url, token)
         api = ApiClient(conn.url, conn.token, transport=transport)
         try:
@@ -109,10 +135,7 @@ class AsyncSandbox:
                 "auto_resume": auto_resume,
                 "envs": envs or {},
                 "metadata": metadata or {},
-                "fanout": fanout,
-                "kick_grace": kick_grace,
-                "pause_ghosts": pause_ghosts,
-                "ghost_buffer": ghost_buffer,
+                "lab": None if lab is None else msgspec.to_builtins(lab),
             }
             info = SandboxInfo.from_json(await api.call("POST", "/sandboxes", json=body))
         except BaseException:

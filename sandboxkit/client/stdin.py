@@ -18,18 +18,14 @@ from collections.abc import AsyncIterable, AsyncIterator, Iterable
 from typing import Protocol
 
 from sandboxkit.client.api import ApiClient
-from sandboxkit.errors import DaemonUnavailable, StreamStalled
+from sandboxkit.errors import DaemonUnavailable, Retriable
 
 __all__ = [
-    "RETRIABLE",
     "HttpStdinTransport",
     "StdinConnection",
     "StdinSession",
     "StdinTransport",
 ]
-
-RETRIABLE: tuple[type[BaseException], ...] = (DaemonUnavailable, StreamStalled, ConnectionError)
-"""Errors after which a session reconnects and resends its unacked batches."""
 
 
 class StdinConnection(Protocol):
@@ -56,10 +52,12 @@ class StdinSession:
     """Write to a process's stdin exactly once and in order, across reconnects.
 
     ``write`` queues a batch (waiting while more than ``max_unacked_bytes`` are unacked);
-    ``close`` waits until everything is acked. On a retriable error the session reconnects
-    and resends exactly the unacked batches; the daemon acks a batch it already applied
-    without writing it again. ``retries`` bounds consecutive failed connections while
-    something is in flight; a connection lost while nothing is in flight costs no retry.
+    ``close`` waits until everything is acked. On a :class:`~sandboxkit.errors.Retriable`
+    error (the daemon unreachable, its stdin buffer full …) or a transport's
+    ``ConnectionError`` the session reconnects and resends exactly the unacked batches;
+    the daemon acks a batch it already applied without writing it again. ``retries``
+    bounds consecutive failed connections while something is in flight; a connection lost
+    while nothing is in flight costs no retry.
     """
 
     def __init__(
@@ -181,7 +179,7 @@ class StdinSession:
             acked_before = self.acked
             try:
                 await self._one_connection()
-            except RETRIABLE:
+            except (Retriable, ConnectionError):
                 if self.finished:
                     return  # F7: everything was acked; a late error changes nothing
                 if self.acked > acked_before:

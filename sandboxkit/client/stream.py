@@ -24,9 +24,11 @@ from sandboxkit.errors import (
     MalformedFrame,
     OutputGap,
     OutputGapWarning,
+    StreamInterrupted,
     StreamStalled,
     error_from_wire,
 )
+from sandboxkit.lab_options import LabCursorIgnored
 from sandboxkit.wire import Frame, FrameKind
 
 __all__ = [
@@ -82,6 +84,53 @@ _BACKOFF_MAX = 2.0
 
 class _Silent(Exception):
     """No frame arrived within the watchdog bound."""
+
+
+if sys.version_info >= (3, 11):
+
+    class _Watchdog:
+        """Cancels the reading task once the stream made no progress for its watchdog
+        bound. One timer per attach that, when it fires, looks at when the last read
+        completed and sleeps on if it is recent, so a read costs two attribute stores
+        instead of a timer rescheduled (cancelled and made anew) twice per read."""
+
+        def __init__(self, stream: ProcessStream) -> None:
+            self._stream = stream
+            self._loop = asyncio.get_running_loop()
+            task = asyncio.current_task()
+            assert task is not None
+            self._task = task
+            self._cancelling = task.cancelling()
+            self._fired = False
+            self.progress = self._loop.time()
+            """Loop time of the last progress: a read completed and its frames handled."""
+            self.busy = False
+            """True while frames are handled: the bound does not run (a slow callback)."""
+            self.bound = stream.watchdog_bound
+            self._timer = self._loop.call_at(self.progress + self.bound, self._check)
+
+        def rearm(self) -> None:
+            """Take the stream's bound anew (the start frame gave the keepalive interval)."""
+            self._timer.cancel()
+            self.bound = self._stream.watchdog_bound
+            self._timer = self._loop.call_at(self.progress + self.bound, self._check)
+
+        def _check(self) -> None:
+            now = self._loop.time()
+            self.bound = self._stream.watchdog_bound
+            due = (now if self.busy else self.progress) + self.bound
+            if due > now:
+                self._timer = self._loop.call_at(due, self._check)
+                return
+            self._fired = True
+            self._task.cancel()
+
+        def expired(self) -> bool:
+            """True if the task was cancelled by this watchdog (and by nobody else)."""
+            return self._fired and self._task.uncancel() <= self._cancelling
+
+        def close(self) -> None:
+            self._timer.cancel()
 
 
 @dataclass
@@ -216,7 +265,7 @@ class ProcessStream:
                 self.stats.kicks += 1
             except _Silent:
                 self.stats.watchdog_expiries += 1
-            except (DaemonUnavailable, MalformedFrame) as exc:
+            except StreamInterrupted as exc:  # cut off or garbled: reattach from the cursor
                 self.stats.disconnects += 1
                 refused = isinstance(exc.__cause__, ConnectionRefusedError | httpx.ConnectError)
             if self.ended:
@@ -287,27 +336,30 @@ class ProcessStream:
 
         async def _read_watched(self, batches: AsyncIterator[list[Frame]]) -> None:
             """Read to the end frame, declaring the stream silent when no read completes
-            within the watchdog bound. One timeout for the whole attach, moved on after each
-            read (cheaper than a new one per frame) and suspended while the frames are
-            handled, so a slow callback is never mistaken for a dead stream."""
+            within the watchdog bound. The bound is suspended while frames are handled,
+            so a slow callback is never mistaken for a dead stream."""
             loop = asyncio.get_running_loop()
-            watchdog = asyncio.timeout(self.watchdog_bound)
+            watchdog = _Watchdog(self)
             try:
-                async with watchdog:
-                    while True:
-                        try:
-                            batch = await batches.__anext__()
-                        except StopAsyncIteration:
-                            raise DaemonUnavailable("stream closed before its end frame") from None
-                        watchdog.reschedule(None)
-                        for frame in batch:
-                            if await self._handle(frame):
-                                return
-                        watchdog.reschedule(loop.time() + self.watchdog_bound)
-            except TimeoutError:
-                if not watchdog.expired():
-                    raise  # a callback's own TimeoutError
-                raise _Silent() from None
+                while True:
+                    try:
+                        batch = await batches.__anext__()
+                    except StopAsyncIteration:
+                        raise DaemonUnavailable("stream closed before its end frame") from None
+                    watchdog.busy = True
+                    for frame in batch:
+                        if await self._handle(frame):
+                            return
+                    watchdog.progress = loop.time()
+                    watchdog.busy = False
+                    if watchdog.bound != self.watchdog_bound:
+                        watchdog.rearm()
+            except asyncio.CancelledError:
+                if watchdog.expired():
+                    raise _Silent() from None
+                raise
+            finally:
+                watchdog.close()
 
     async def _handle(self, frame: Frame) -> bool:
         self.last_frame_at = time.monotonic()
@@ -321,6 +373,15 @@ class ProcessStream:
             self.stats.bytes += len(frame.payload)
             await self._deliver(meta.stream, frame.payload)
         elif kind is FrameKind.START:
+            if meta.requested_cursor is not None and meta.cursor != meta.requested_cursor:
+                warnings.warn(
+                    LabCursorIgnored(
+                        f"process {self.pid}: the sandbox's lab fan-out {meta.fanout!r} "
+                        f"delivers new output only; asked for cursor {meta.requested_cursor}, "
+                        f"streaming from {meta.cursor}"
+                    ),
+                    stacklevel=2,
+                )
             self._seq = meta.cursor
             self._keepalive = meta.keepalive_interval or _OPEN_TIMEOUT
             self._states(meta)
@@ -397,10 +458,19 @@ class ProcessStream:
         if not self.lines:
             await _call(callback, text)
             return
-        *complete, rest = (self._partial[target] + text).split("\n")
-        while len(rest) > _LONGEST_LINE:
-            complete.append(rest[:_LONGEST_LINE])
-            rest = rest[_LONGEST_LINE:]
+        partial = self._partial[target]
+        joined = partial + text if partial else text
+        if "\n" in text:
+            *complete, rest = joined.split("\n")
+        else:  # no line ends here: nothing to split (a long line, chunk by chunk)
+            complete, rest = [], joined
+        if len(rest) > _LONGEST_LINE:
+            # Pieces of the longest size, leaving at most that much to wait for its end.
+            pieces = (len(rest) - 1) // _LONGEST_LINE
+            complete += (
+                rest[i : i + _LONGEST_LINE] for i in range(0, pieces * _LONGEST_LINE, _LONGEST_LINE)
+            )
+            rest = rest[pieces * _LONGEST_LINE :]
         self._partial[target] = rest
         for line in complete:
             await _call(callback, line.removesuffix("\r"))

@@ -8,7 +8,8 @@ asyncio to nest loops silently stalls the cells queued behind.
 from __future__ import annotations
 
 import builtins
-from collections.abc import Coroutine, Iterable
+import threading
+from collections.abc import Callable, Coroutine, Iterable
 from types import TracebackType
 from typing import Any, Literal, TypeVar, overload
 
@@ -24,6 +25,7 @@ from sandboxkit.client.results import CommandResult, Failed, Ok, ProcessInfo, Sa
 from sandboxkit.client.sandbox import DEFAULT_TIMEOUT, AsyncSandbox
 from sandboxkit.client.stdin import StdinSession
 from sandboxkit.client.stream import BytesCallback, OnGap, OutputCallback, ProcessStream
+from sandboxkit.lab_options import LabOptions
 
 __all__ = ["CommandHandle", "Commands", "Sandbox", "SyncStdinSession"]
 
@@ -83,6 +85,11 @@ class CommandHandle:
         """True once the stream ended (exit, error or disconnect)."""
         return self._handle.done
 
+    @property
+    def error(self) -> BaseException | None:
+        """The error the stream ended with (see :attr:`AsyncCommandHandle.error`)."""
+        return self._handle.error
+
     def result(self) -> CommandResult:
         """What was received so far, as a :class:`CommandResult`."""
         return self._handle.result()
@@ -109,6 +116,39 @@ class CommandHandle:
 
     def __repr__(self) -> str:
         return f"<CommandHandle pid={self.pid} cursor={self.cursor} exit={self.exit_code}>"
+
+
+OnEnd = Callable[[CommandHandle], Any]
+"""Called once with the handle when it stops following its process (see
+:data:`sandboxkit.client.commands.OnEnd`); it runs on the client's background loop
+thread."""
+
+
+class _Mirror:
+    """The one :class:`CommandHandle` of an async handle, made by whichever thread needs it
+    first: the caller, or ``on_end`` on the loop thread (a fast process ends before
+    ``run`` returns)."""
+
+    def __init__(self, loop: LoopThread, on_end: OnEnd | None) -> None:
+        self._loop = loop
+        self._on_end = on_end
+        self._lock = threading.Lock()
+        self._handle: CommandHandle | None = None
+
+    def __call__(self, handle: AsyncCommandHandle) -> CommandHandle:
+        with self._lock:
+            if self._handle is None:
+                self._handle = CommandHandle(handle, self._loop)
+            return self._handle
+
+    def end(self, handle: AsyncCommandHandle) -> Any:
+        assert self._on_end is not None
+        return self._on_end(self(handle))
+
+    @property
+    def on_end(self) -> Callable[[AsyncCommandHandle], Any] | None:
+        """What the async handle calls: ``on_end`` with this mirror."""
+        return None if self._on_end is None else self.end
 
 
 class SyncStdinSession:
@@ -195,6 +235,7 @@ class Commands:
         on_stdout_bytes: BytesCallback | None = None,
         on_stderr_bytes: BytesCallback | None = None,
         keep_output: KeepOutput | None = None,
+        on_end: OnEnd | None = None,
     ) -> CommandResult: ...
 
     @overload
@@ -214,6 +255,7 @@ class Commands:
         on_stdout_bytes: BytesCallback | None = None,
         on_stderr_bytes: BytesCallback | None = None,
         keep_output: KeepOutput | None = None,
+        on_end: OnEnd | None = None,
     ) -> CommandHandle: ...
 
     @overload
@@ -233,6 +275,7 @@ class Commands:
         on_stdout_bytes: BytesCallback | None = None,
         on_stderr_bytes: BytesCallback | None = None,
         keep_output: KeepOutput | None = None,
+        on_end: OnEnd | None = None,
     ) -> CommandResult | CommandHandle: ...
 
     def run(
@@ -251,11 +294,13 @@ class Commands:
         on_stdout_bytes: BytesCallback | None = None,
         on_stderr_bytes: BytesCallback | None = None,
         keep_output: KeepOutput | None = None,
+        on_end: OnEnd | None = None,
     ) -> CommandResult | CommandHandle:
         """Run a command: a :class:`CommandResult`, or with ``background=True`` a
         :class:`CommandHandle`. ``on_stdout``/``on_stderr`` get whole lines without their
         newline (``lines=False``: raw chunks); they run on the client's background loop
-        thread. See :meth:`AsyncCommands.run`."""
+        thread, as does ``on_end(handle)``. See :meth:`AsyncCommands.run`."""
+        mirror = _Mirror(self._loop, on_end)
         result = self._loop.run(
             self._commands.run(
                 cmd,
@@ -271,10 +316,11 @@ class Commands:
                 on_stdout_bytes=on_stdout_bytes,
                 on_stderr_bytes=on_stderr_bytes,
                 keep_output=keep_output,
+                on_end=mirror.on_end,
             )
         )
         if isinstance(result, AsyncCommandHandle):
-            return CommandHandle(result, self._loop)
+            return mirror(result)
         return result
 
     def connect(
@@ -290,9 +336,11 @@ class Commands:
         on_stdout_bytes: BytesCallback | None = None,
         on_stderr_bytes: BytesCallback | None = None,
         keep_output: KeepOutput = DEFAULT_KEEP_OUTPUT,
+        on_end: OnEnd | None = None,
     ) -> CommandHandle:
         """Follow a process from ``cursor`` (default: oldest retained output); an unknown
         pid raises ResultUnavailable here. See :meth:`AsyncCommands.connect`."""
+        mirror = _Mirror(self._loop, on_end)
         handle = self._loop.run(
             self._commands.connect(
                 pid,
@@ -305,9 +353,10 @@ class Commands:
                 on_stdout_bytes=on_stdout_bytes,
                 on_stderr_bytes=on_stderr_bytes,
                 keep_output=keep_output,
+                on_end=mirror.on_end,
             )
         )
-        return CommandHandle(handle, self._loop)
+        return mirror(handle)
 
     def try_run(self, cmd: str | list[str], **options: Any) -> Ok[CommandResult] | Failed:
         """:meth:`run` returning ``Ok(result)`` or ``Failed(error)`` instead of raising."""
@@ -387,15 +436,15 @@ class Sandbox:
         *,
         envs: dict[str, str] | None = None,
         metadata: dict[str, str] | None = None,
-        fanout: str | None = None,
-        kick_grace: float | None = None,
-        pause_ghosts: bool = False,
-        ghost_buffer: int | None = None,
+        lab: LabOptions | None = None,
         url: str | None = None,
         token: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        provider: str | None = None,
+        provider_options: dict[str, Any] | None = None,
     ) -> Sandbox:
-        """Create a sandbox (see :meth:`AsyncSandbox.create`)."""
+        """Create a sandbox (see :meth:`AsyncSandbox.create`; ``provider="e2b"`` for an
+        E2B sandbox)."""
         loop = shared_loop_thread()
         sbx = loop.run(
             AsyncSandbox.create(
@@ -404,13 +453,12 @@ class Sandbox:
                 auto_resume,
                 envs=envs,
                 metadata=metadata,
-                fanout=fanout,
-                kick_grace=kick_grace,
-                pause_ghosts=pause_ghosts,
-                ghost_buffer=ghost_buffer,
+                lab=lab,
                 url=url,
                 token=token,
                 transport=transport,
+                provider=provider,
+                provider_options=provider_options,
             )
         )
         return cls(sbx, loop)

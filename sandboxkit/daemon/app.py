@@ -50,6 +50,7 @@ from sandboxkit.daemon.schema import (
     decode_query,
     encode_json,
 )
+from sandboxkit.daemon.tcp_peer import window_closed_for
 from sandboxkit.errors import (
     FileNotFound,
     InvalidArgument,
@@ -119,15 +120,52 @@ def _query(request: Request, model: type[M]) -> M:
 # -- the stream response -------------------------------------------------------------
 
 
-class _AsgiSink:
-    """A consumer's transport: the body of one chunked HTTP response."""
+_CYCLE = "sandboxkit.http_cycle"
+"""Scope key of uvicorn's request cycle for this request (see :class:`_ExposeCycle`)."""
 
-    def __init__(self, send: Send) -> None:
+
+class _AsgiSink:
+    """A consumer's transport: the body of one chunked HTTP response.
+
+    Given uvicorn's request cycle (an HTTP/1.1 response, so chunked), body chunks go
+    straight to its connection, framed as uvicorn would frame them and after the same flow
+    control: the ASGI wrappers and h11 cost more per send than the socket write itself at
+    full rate (benchmarks/compare.py, P7). The response's start and end still go through
+    ASGI, so the server's own state stays right."""
+
+    def __init__(self, send: Send, cycle: Any = None) -> None:
         self._send = send
+        self._cycle = cycle
+        transport = getattr(cycle, "transport", None)
+        self._socket = None if transport is None else transport.get_extra_info("socket")
         self._closing = False
+        self._gone = asyncio.Event()  # never set: waited on until the stream is cancelled
         self.closed = asyncio.Event()
 
+    def window_closed_for(self) -> float | None:
+        """How long the peer has taken no bytes while some wait in the socket."""
+        return None if self._socket is None else window_closed_for(self._socket)
+
+    async def send_parts(self, parts: list[bytes], size: int) -> None:
+        """Send the concatenation of ``parts`` as one body chunk, joined once."""
+        cycle = self._cycle
+        if cycle is None:
+            await self.send(b"".join(parts))
+            return
+        transport = cycle.transport
+        if cycle.flow.write_paused and not cycle.disconnected:
+            await cycle.flow.drain()
+        if cycle.disconnected or transport.is_closing():
+            # The peer is gone (the transport may know before uvicorn does): nothing more
+            # to write. Wait for the disconnect to cancel this stream rather than drop
+            # bytes in a loop that never yields.
+            await self._gone.wait()
+        transport.write(b"".join([b"%x\r\n" % size, *parts, b"\r\n"]))
+
     async def send(self, data: bytes) -> None:
+        if self._cycle is not None and data:
+            await self.send_parts([data], len(data))
+            return
         await self._send({"type": "http.response.body", "body": data, "more_body": True})
 
     async def close(self) -> None:
@@ -163,7 +201,8 @@ class FrameStreamResponse(Response):
                 ],
             }
         )
-        sink = _AsgiSink(send)
+        cycle = scope.get(_CYCLE) if scope.get("http_version") == "1.1" else None
+        sink = _AsgiSink(send, cycle)
         stream = self.host.start_stream(self.consumer, sink)
         gone = asyncio.ensure_future(_disconnected(receive))
         closed = asyncio.ensure_future(sink.closed.wait())
@@ -249,10 +288,7 @@ class _Api:
             on_timeout=body.on_timeout,
             auto_resume=body.auto_resume,
             metadata=body.metadata,
-            fanout=body.fanout,
-            kick_grace=body.kick_grace,
-            pause_ghosts=body.pause_ghosts,
-            ghost_buffer=body.ghost_buffer,
+            lab=body.lab,
         )
         return JsonResponse(sandbox.to_json(), status_code=201)
 
@@ -315,7 +351,7 @@ class _Api:
     async def get_process(self, request: Request) -> Response:
         pid = _pid(request)
         sandbox = await self.host.access(request.path_params["sid"])
-        return JsonResponse(sandbox.result(pid).to_json())
+        return JsonResponse(sandbox.retained_process(pid).to_json())
 
     async def kill_process(self, request: Request) -> Response:
         pid = _pid(request)
@@ -349,9 +385,9 @@ class _Api:
         query = _query(request, StreamQuery)
         pid = _pid(request)
         sandbox = await self.host.access(request.path_params["sid"])
-        process = sandbox.result(pid)
+        process = sandbox.retained_process(pid)
         client = request.client
-        consumer = self.host.consumer(
+        consumer = self.host.open_consumer(
             process,
             query.cursor,
             name=query.name,
@@ -369,7 +405,7 @@ class _Api:
         return JsonResponse([e.to_json() for e in events])
 
     async def consumers(self, request: Request) -> Response:
-        return JsonResponse(self.host.consumers(request.path_params.get("sid")))
+        return JsonResponse(self.host.consumer_metrics(request.path_params.get("sid")))
 
     async def openapi(self, request: Request) -> Response:
         return JsonResponse(_openapi(self.endpoints()))
@@ -696,6 +732,23 @@ class BearerAuth:
         await self.app(scope, receive, send)
 
 
+class _ExposeCycle:
+    """Puts uvicorn's request cycle into the scope, for a stream to read its socket's state
+    (a peer that takes no more bytes shows as blocked at once, not once the server's
+    buffers are full) and to write body chunks straight to its connection. uvicorn's
+    ``send`` is a method of that cycle; a server whose ``send`` has not the same shape
+    (transport, flow control, disconnected) gets the plain ASGI path."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        cycle = getattr(send, "__self__", None)
+        if all(hasattr(cycle, name) for name in ("transport", "flow", "disconnected")):
+            scope[_CYCLE] = cycle
+        await self.app(scope, receive, send)
+
+
 def create_app(host: Host, token: str | None) -> ASGIApp:
     """The daemon's ASGI app; starts and closes ``host`` with its lifespan."""
     api = _Api(host)
@@ -716,4 +769,4 @@ def create_app(host: Host, token: str | None) -> ASGIApp:
         lifespan=lifespan,
         exception_handlers={HTTPException: _http_error},
     )
-    return BearerAuth(app, token)
+    return _ExposeCycle(BearerAuth(app, token))

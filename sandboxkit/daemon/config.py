@@ -6,7 +6,24 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["DaemonConfig"]
+from sandboxkit.lab_options import GHOST_BUFFER
+
+__all__ = ["DaemonConfig", "LabDefaults"]
+
+
+@dataclass(frozen=True)
+class LabDefaults:
+    """What a lab sandbox's unset :class:`~sandboxkit.lab_options.LabOptions` fields take."""
+
+    kick_queue: int = 64
+    """Per-consumer queue length (chunks) of the ``kick`` policy (the envd fix's 64)."""
+    blocking_queue: int = 1
+    """Per-consumer queue length (chunks) of the ``blocking`` policy (a near-unbuffered
+    channel, as shipped before the fix)."""
+    kick_grace: float = 5.0
+    """How long the ``kick`` policy's shared loop waits on a full queue before kicking."""
+    ghost_buffer: int = GHOST_BUFFER
+    """Socket buffer of a pause-snapshot ghost: small, like a socket restored from a snapshot."""
 
 
 @dataclass
@@ -15,11 +32,25 @@ class DaemonConfig:
 
     root_dir: Path | None = None
     """Where sandboxes get their working directories (default: a fresh temp dir)."""
-    retention_bytes: int = 8 * 1024 * 1024
-    """Memory for output kept per process; the oldest chunks are evicted first. Each chunk
-    is charged what it costs (its payload, frame header and ~220 bytes of bookkeeping), so
-    this bounds memory whatever the write pattern: for large writes it is about the
-    payload kept, for 1-byte writes far less payload."""
+    retention_bytes: int = 64 * 1024 * 1024
+    """Output kept per process, on disk: in append-only segment files under the sandbox's
+    runtime directory (beside its working directory), removed with the process's result.
+    The oldest output is evicted first, a segment (an eighth of this, at most 64 MiB) at a
+    time. Each chunk is charged what it takes on disk (its payload, frame header and index
+    record, ~120 bytes beyond the payload), so this bounds disk whatever the write pattern:
+    for large writes it is about the payload kept, for 1-byte writes far less payload.
+    (Beyond it, up to a sixteenth of it in the index of evicted output, for exact gap
+    sizes, and one segment file kept for reuse.) Memory is ``output_cache_bytes``, not
+    this: it can be raised to gigabytes."""
+    output_cache_bytes: int = 1024 * 1024
+    """Memory per process for its newest output (encoded frames), from which consumers that
+    keep up are served; those further behind read from the segment files (the page cache).
+    What a process's output costs the daemon's memory, with some kB of bookkeeping."""
+    output_on_disk: bool = True
+    """Keep output logs in segment files (above). ``False`` keeps every retained chunk in
+    memory instead, as the log did before: ``retention_bytes`` then bounds memory (each
+    chunk charged its payload, frame header and ~250 bytes of bookkeeping). For a system
+    without a writable disk, or to compare (``benchmarks/memory.py``)."""
     result_ttl: float = 900.0
     """How long an exited process's output and exit status stay available."""
     stall_timeout: float = 10.0
@@ -41,17 +72,9 @@ class DaemonConfig:
     """Events kept in the journal."""
     freezer: str = "auto"
     """Process-tree freezer backend: ``auto``, ``cgroup`` or ``signals``."""
-    fanout: str = "cursor"
-    """Default fan-out policy: ``cursor`` (immune to F1/F2), or the lab's ``blocking``/``kick``."""
-    kick_queue: int = 64
-    """Per-consumer queue length (chunks) of the ``kick`` policy (the envd fix's 64)."""
-    blocking_queue: int = 1
-    """Per-consumer queue length (chunks) of the ``blocking`` policy (a near-unbuffered
-    channel, as shipped before the fix)."""
-    kick_grace: float = 5.0
-    """How long the ``kick`` policy's shared loop waits on a full queue before kicking."""
-    ghost_buffer: int = 4096
-    """Socket buffer of a pause-snapshot ghost: small, like a socket restored from a snapshot."""
+    lab: LabDefaults = field(default_factory=LabDefaults)
+    """Defaults for sandboxes created with fault-lab options (:mod:`sandboxkit.daemon.faults`);
+    a sandbox created without them uses none of this."""
     housekeeping_interval: float = 0.05
     """How often idle timeouts and result TTLs are checked."""
     stdin_buffer: int = 1024 * 1024

@@ -8,6 +8,7 @@ import contextlib
 import itertools
 import re
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal, Protocol
 
 from sandboxkit._compat import within
@@ -35,8 +36,9 @@ ConsumerState = Literal["streaming", "blocked", "starved", "kicked", "closed"]
 
 CONSUMER_STATES: dict[str, str] = {
     "streaming": "attached and keeping up: its sends complete, or there is nothing to send",
-    "blocked": "its own send has not completed for a while: its transport (the peer, the "
-    "socket) takes no more bytes",
+    "blocked": "its transport takes no more bytes: its own send has not completed for a "
+    "while, or its peer's receive window has stayed full (a stopped or frozen client), even "
+    "if the server's buffers still take its sends",
     "starved": "output it has not received has been waiting for a while, yet it is not "
     "sending: something else holds its data back (under the lab's blocking and kick "
     "policies, the shared loop stuck on another consumer)",
@@ -86,17 +88,13 @@ class FrameSink(Protocol):
         """End the transport; must not block on a peer that stopped reading."""
 
 
-class _Relay:
-    """The consumer's current sink; a pause snapshot can swap it for a ghost socket."""
+PeerProbe = Callable[[], float | None]
+"""A sink may also offer ``window_closed_for()``: how long its peer has taken no bytes
+while some wait (see :func:`sandboxkit.daemon.tcp_peer.window_closed_for`), or ``None``."""
 
-    def __init__(self, target: FrameSink) -> None:
-        self.target = target
-
-    async def send(self, data: bytes) -> None:
-        await self.target.send(data)
-
-    async def close(self) -> None:
-        await self.target.close()
+SendParts = Callable[[list[bytes], int], Awaitable[None]]
+"""A sink may also offer ``send_parts(parts, size)``: send the concatenation of ``parts``
+(``size`` bytes), joining them itself with its own framing in one copy."""
 
 
 class StreamSource(Protocol):
@@ -146,13 +144,12 @@ class Consumer:
         self._final_lag: tuple[int, int] | None = None
         self._task: asyncio.Task[Any] | None = None
         self._feed: Feed | None = None
-        self._relay: _Relay | None = None
+        self._peer_probe: PeerProbe | None = None
+        self._send_parts: SendParts | None = None
+        self._requested = cursor
         self._kick_request: tuple[str, float] | None = None
         self._watchdog: asyncio.TimerHandle | None = None
         self._coalesce = config.send_batch // 2
-        self.ghost = False
-        """True once a pause snapshot turned this consumer into a ghost (its transport is
-        then a socket whose peer never reads, see :mod:`sandboxkit.daemon.ghost`)."""
 
     # -- metrics ---------------------------------------------------------------------
 
@@ -169,11 +166,20 @@ class Consumer:
 
     @property
     def blocked_since(self) -> float | None:
-        """Wall-clock time the current stuck send started, if it is stuck."""
-        since = self._sending_since
-        if since is None or self._final_state is not None:
+        """Monotonic time since which the transport takes no bytes, if for at least
+        ``BLOCKED_AFTER``: the current send is stuck, or the peer's receive window has been
+        full (bytes wait in the socket and none go out) even though sends still complete
+        into the server's buffers (a stopped client, issue 10)."""
+        if self._final_state is not None:
             return None
-        return since if time.monotonic() - since >= BLOCKED_AFTER else None
+        now = time.monotonic()
+        since = self._sending_since
+        if since is not None and now - since >= BLOCKED_AFTER:
+            return since
+        closed = self._peer_probe() if self._peer_probe is not None else None
+        if closed is not None and closed >= BLOCKED_AFTER:
+            return now - closed if since is None else min(since, now - closed)
+        return None
 
     @property
     def starved_since(self) -> float | None:
@@ -226,7 +232,6 @@ class Consumer:
             "sandbox_id": self.source.sandbox_id,
             "pid": self.source.pid,
             "peer": self.peer,
-            "ghost": self.ghost,
             "cursor": self.cursor,
             "head": self.head,
             "lag_bytes": self.lag_bytes,
@@ -247,44 +252,44 @@ class Consumer:
         """Send frames from the cursor on until the process ends, the transport stalls
         (kick) or the task is cancelled (the peer went away)."""
         self._task = asyncio.current_task()
-        self._relay = relay = _Relay(sink)
-        self._feed = feed = self.source.fanout.attach(self)
+        self._peer_probe = getattr(sink, "window_closed_for", None)
+        self._send_parts = getattr(sink, "send_parts", None)
+        self._feed = feed = self.source.fanout.attach(self.cursor, self.kick)
+        self.cursor = feed.start
         self._record("consumer.attached", cursor=self.cursor)
+        if self._requested is not None and self._requested != feed.start:
+            self._record(
+                "consumer.cursor_ignored",
+                reason=self.source.fanout.name,
+                requested=self._requested,
+                cursor=feed.start,
+            )
         reason = "end"
         try:
-            await self._stream(relay, feed)
+            await self._stream(sink, feed)
         except asyncio.CancelledError:
             if self._kick_request is None:
                 reason = "detached"
                 raise
             reason = "kicked"
             _uncancel()
-            await self._kick(relay, *self._kick_request)
+            await self._kick(sink, *self._kick_request)
         except SandboxkitError as exc:
             reason = exc.code
-            await self._try_send(relay, encode_frame(FrameKind.ERROR, exc.to_wire()))
+            await self._try_send(sink, encode_frame(FrameKind.ERROR, exc.to_wire()))
         finally:
             if self._watchdog is not None:
                 self._watchdog.cancel()
             feed.close()
             self._finish("kicked" if reason == "kicked" else "closed", reason)
-            await relay.close()
+            await sink.close()
 
     def kick(self, reason: str, blocked_for: float) -> None:
-        """Kick from outside the consumer's task (a fan-out policy's shared loop)."""
+        """End the stream with a ``kicked`` error frame: from its stall watchdog, or from
+        outside its task (the callback a fan-out policy's feed gets at attach)."""
         if self._final_state is None and self._kick_request is None and self._task:
             self._kick_request = (reason, blocked_for)
             self._task.cancel()
-
-    def become_ghost(self, ghost: FrameSink) -> FrameSink | None:
-        """Keep streaming into ``ghost`` instead of the current transport, which is
-        returned for the caller to close (a pause snapshot's stale stream, F1)."""
-        if self._relay is None or self._final_state is not None or self.ghost:
-            return None
-        old, self._relay.target = self._relay.target, ghost
-        self.ghost = True
-        self._record("consumer.ghosted", cursor=self.cursor)
-        return old
 
     async def _stream(self, sink: FrameSink, feed: Feed) -> None:
         log = self.source.log
@@ -297,6 +302,7 @@ class Consumer:
                     "sandbox_id": self.source.sandbox_id,
                     "consumer_id": self.consumer_id,
                     "cursor": self.cursor,
+                    "requested_cursor": self._requested,
                     "head": log.head,
                     "first_seq": log.first_seq,
                     "keepalive_interval": self.config.keepalive_interval,
@@ -379,16 +385,22 @@ class Consumer:
         parts: list[bytes] = []
         for chunk in batch:
             parts += (chunk.head, chunk.data)
-        data = b"".join(parts)
-        await self._send(sink, data, frames=len(batch))
+        await self._send(sink, parts, frames=len(batch))
         self.cursor = batch[-1].seq + 1
 
-    async def _send(self, sink: FrameSink, data: bytes, frames: int = 1) -> None:
+    async def _send(self, sink: FrameSink, data: bytes | list[bytes], frames: int = 1) -> None:
         self._sending_since = started = time.monotonic()
         if self._watchdog is None:
             self._arm_watchdog(started)
+        size = len(data) if isinstance(data, bytes) else sum(map(len, data))
         try:
-            await sink.send(data)
+            if isinstance(data, bytes):
+                await sink.send(data)
+            elif self._send_parts is not None:
+                # The sink joins the frames with its own framing: one copy, not two.
+                await self._send_parts(data, size)
+            else:
+                await sink.send(b"".join(data))
         finally:
             self._sending_since = None
         took = time.monotonic() - started
@@ -397,9 +409,9 @@ class Consumer:
             # a quarter of the stall timeout, so a slow reader's sends stay short and it
             # shows progress as often as with one frame per send (it is never kicked for
             # reading slowly), while a fast one gets up to ``send_batch`` per send.
-            drained = len(data) / took * self._feed.stall_timeout / 4
+            drained = size / took * self._feed.stall_timeout / 4
             self._coalesce = int(min(self.config.send_batch, drained))
-        self.bytes_sent += len(data)
+        self.bytes_sent += size
         self.frames_sent += frames
         self.last_send = time.time()
 

@@ -14,11 +14,12 @@ from typing import Any
 from sandboxkit.daemon.config import DaemonConfig
 from sandboxkit.daemon.consumers import Consumer, FrameSink, check_role
 from sandboxkit.daemon.events import EventJournal
+from sandboxkit.daemon.freezer import Freezer, make_freezer
 from sandboxkit.daemon.process import ManagedProcess
 from sandboxkit.daemon.recovery import ROOT_PREFIX, claim_root, recover
 from sandboxkit.daemon.sandbox import OnTimeout, Sandbox
-from sandboxkit.daemon.tree import ProcessTree, make_process_tree
 from sandboxkit.errors import InvalidArgument, SandboxNotFound, SandboxPaused
+from sandboxkit.lab_options import LabOptions
 
 __all__ = ["Host"]
 
@@ -80,6 +81,8 @@ class Host:
             *(s.kill(reason="shutdown") for s in self.sandboxes.values()),
             return_exceptions=True,
         )
+        for sandbox in self.sandboxes.values():
+            await sandbox.release()
         if self._own_root:
             shutil.rmtree(self.root, ignore_errors=True)
 
@@ -93,18 +96,16 @@ class Host:
         on_timeout: OnTimeout = "pause",
         auto_resume: bool = False,
         metadata: dict[str, str] | None = None,
-        fanout: str | None = None,
-        kick_grace: float | None = None,
-        pause_ghosts: bool = False,
-        ghost_buffer: int | None = None,
+        lab: LabOptions | None = None,
     ) -> Sandbox:
-        """Create a sandbox with its own working directory and process tree."""
+        """Create a sandbox with its own working directory and process tree; ``lab``
+        makes it a fault-lab sandbox (see :mod:`sandboxkit.daemon.faults`)."""
         sandbox_id = "sbx-" + secrets.token_hex(4)
         workdir = self.root / sandbox_id
         workdir.mkdir()
-        tree: ProcessTree | None = None
+        tree: Freezer | None = None
         try:
-            tree = make_process_tree(sandbox_id, self.config.freezer)
+            tree = make_freezer(sandbox_id, self.config.freezer)
             sandbox = Sandbox(
                 sandbox_id,
                 workdir,
@@ -116,10 +117,7 @@ class Host:
                 on_timeout=on_timeout,
                 auto_resume=auto_resume,
                 metadata=metadata,
-                fanout=fanout,
-                kick_grace=kick_grace,
-                pause_ghosts=pause_ghosts,
-                ghost_buffer=ghost_buffer,
+                lab=lab,
             )
         except BaseException:
             # A refused sandbox (e.g. a bad timeout) must not leak its directory or cgroup.
@@ -156,7 +154,7 @@ class Host:
 
     # -- streams ---------------------------------------------------------------------
 
-    def consumer(
+    def open_consumer(
         self,
         process: ManagedProcess,
         cursor: int | None,
@@ -184,6 +182,9 @@ class Host:
 
     def start_stream(self, consumer: Consumer, sink: FrameSink) -> asyncio.Task[None]:
         """Run ``consumer`` into ``sink`` as a task the host owns (cancelled on close)."""
+        sandbox = self.sandboxes.get(consumer.source.sandbox_id)
+        if sandbox is not None and sandbox.lab is not None:
+            sink = sandbox.lab.transport(consumer, sink)
         task = asyncio.get_running_loop().create_task(consumer.run(sink))
         self._streams.add(task)
         task.add_done_callback(self._streams.discard)
@@ -200,13 +201,14 @@ class Host:
                 await task
             raise
 
-    def consumers(self, sandbox_id: str | None = None) -> list[dict[str, Any]]:
+    def consumer_metrics(self, sandbox_id: str | None = None) -> list[dict[str, Any]]:
         """Metrics of every consumer (attached, and recently closed or kicked): one row
         per consumer, see :meth:`Consumer.metrics` and
-        :data:`~sandboxkit.daemon.consumers.CONSUMER_STATES`."""
+        :data:`~sandboxkit.daemon.consumers.CONSUMER_STATES`; ``ghost`` marks a fault-lab
+        pause-snapshot ghost."""
         sandboxes = [self.get(sandbox_id)] if sandbox_id else list(self.sandboxes.values())
         return [
-            c.metrics()
+            {**c.metrics(), "ghost": s.lab is not None and s.lab.is_ghost(c)}
             for s in sandboxes
             for p in s.processes.values()
             for c in p.consumers.values()
@@ -240,3 +242,4 @@ class Host:
             and wall - sandbox.killed_at >= self.config.result_ttl
         ):
             del self.sandboxes[sandbox.sandbox_id]
+            await sandbox.release()

@@ -7,21 +7,23 @@ import contextlib
 import fcntl
 import os
 import pty
+import secrets
 import signal
+import struct
+import termios
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import psutil
-
 from sandboxkit.daemon.config import DaemonConfig
 from sandboxkit.daemon.consumers import Consumer
 from sandboxkit.daemon.events import EventJournal
-from sandboxkit.daemon.fanout import Fanout, make_fanout
+from sandboxkit.daemon.fanout import Fanout
+from sandboxkit.daemon.freezer import Freezer
 from sandboxkit.daemon.output_log import OutputLog
+from sandboxkit.daemon.run_as import resolve_user
 from sandboxkit.daemon.stdin import StdinLedger
-from sandboxkit.daemon.tree import ProcessTree
 from sandboxkit.errors import InvalidArgument, StdinBusy
 
 __all__ = ["ManagedProcess", "ProcessSpec", "check_exec_size"]
@@ -39,6 +41,8 @@ class ProcessSpec:
     timeout: float | None = None
     """Kill after this many seconds; ``None`` (the default) means no deadline."""
     tag: str | None = None
+    user: str | None = None
+    """Run as this account (see :mod:`sandboxkit.daemon.run_as`); ``None``: the daemon's."""
 
     def __post_init__(self) -> None:
         if (self.cmd is None) == (self.argv is None):
@@ -59,6 +63,8 @@ class ProcessSpec:
         """A JSON-ready dict."""
         data = asdict(self)
         data["argv"] = list(self.argv) if self.argv is not None else None
+        if data["user"] is None:
+            del data["user"]  # only envd requests name a user
         return data
 
 
@@ -183,10 +189,6 @@ def check_exec_size(argv: list[str], env: dict[str, str], *, argv_field: str = "
         )
 
 
-def _default_fanout(config: DaemonConfig) -> Callable[[OutputLog], Fanout]:
-    return lambda log: make_fanout(config.fanout, log, config, grace=config.kick_grace)
-
-
 class ManagedProcess:
     """One process of a sandbox and everything the daemon keeps about it."""
 
@@ -197,16 +199,22 @@ class ManagedProcess:
         config: DaemonConfig,
         journal: EventJournal,
         sandbox_state: Callable[[], str],
-        fanout: Callable[[OutputLog], Fanout] | None = None,
+        fanout: Callable[[OutputLog], Fanout],
+        log_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.sandbox_id = sandbox_id
         self.spec = spec
         self.config = config
         self.journal = journal
+        # On disk under ``log_dir`` (the sandbox's runtime directory), else in memory.
         self.log = OutputLog(
-            config.retention_bytes, charge_overhead=True, coalesce=_COALESCE_UNREAD
+            config.retention_bytes,
+            charge_overhead=True,
+            coalesce=_COALESCE_UNREAD,
+            directory=log_dir,
+            cache_bytes=config.output_cache_bytes,
         )
-        self.fanout: Fanout = (fanout or _default_fanout(config))(self.log)
+        self.fanout: Fanout = fanout(self.log)
         self.pid = -1
         self.started_at = time.time()
         self.restarted_from: int | None = None
@@ -227,15 +235,28 @@ class ManagedProcess:
         self.stdin_drained.set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._done = asyncio.Event()
+        self.launch = secrets.token_hex(6)
+        """Names this process and all it starts to the freezer (see ``Freezer``)."""
+        self._freezer: Freezer | None = None
 
     # -- lifecycle -------------------------------------------------------------------
 
-    async def start(self, tree: ProcessTree, workdir: str, base_env: dict[str, str]) -> None:
-        """Spawn the process inside ``tree`` and start capturing its output."""
+    async def start(self, freezer: Freezer, workdir: str, base_env: dict[str, str]) -> None:
+        """Spawn the process in the sandbox's ``freezer`` and start capturing its output."""
         loop = asyncio.get_running_loop()
         cwd = self._cwd(workdir)
-        env = {**os.environ, **base_env, **self.spec.envs}
-        argv = tree.launch_prefix() + self.spec.command_line()
+        run_as = resolve_user(self.spec.user)  # InvalidArgument before anything starts
+        login = run_as.env() if run_as is not None else {}
+        # The owner mark last: a request cannot claim another sandbox's processes.
+        env = {
+            **os.environ,
+            **base_env,
+            **login,
+            **self.spec.envs,
+            **freezer.launch_env(self.launch),
+        }
+        drop = run_as.argv_prefix() if run_as is not None else []
+        argv = freezer.launch_prefix() + drop + self.spec.command_line()
         check_exec_size(argv, env, argv_field="argv" if self.spec.argv is not None else "cmd")
         capture = _Capture(self)
         pty_reader: _PtyReader | None = None
@@ -294,7 +315,8 @@ class ManagedProcess:
         self._stdin.pid = self.pid
         # Off the event loop: the first pid written into a new cgroup takes 9-13 ms (the
         # kernel's cgroup migration), during which every stream of the daemon would wait.
-        await asyncio.to_thread(tree.add, self.pid)
+        await asyncio.to_thread(freezer.add, self.pid, self.launch)
+        self._freezer = freezer
         self.started_at = time.time()
         self._own(self._watch_exit(capture, pty_reader))
         if self.spec.timeout is not None:
@@ -350,6 +372,15 @@ class ManagedProcess:
                 os.close(self._pty_master)
             self._pty_master = None
 
+    def resize_pty(self, cols: int, rows: int) -> None:
+        """Set the terminal size of a pty process (its foreground group gets SIGWINCH)."""
+        if self._pty_master is None:
+            raise InvalidArgument(f"process {self.pid} has no pty to resize", field="pty")
+        if not (0 < cols < 65536 and 0 < rows < 65536):
+            raise InvalidArgument("a pty size needs 1-65535 columns and rows", field="pty")
+        size = struct.pack("HHHH", rows, cols, 0, 0)
+        fcntl.ioctl(self._pty_master, termios.TIOCSWINSZ, size)
+
     @property
     def running(self) -> bool:
         """True until the exit is recorded."""
@@ -362,30 +393,40 @@ class ManagedProcess:
         return self.log.exit_code
 
     async def kill(self, reason: str = "user", grace: float | None = None) -> int | None:
-        """SIGTERM the process and its descendants, SIGKILL after ``grace``; wait for exit."""
-        if not self.running:
-            return self.log.exit_code
-        self.kill_reason = self.kill_reason or reason
-        grace = self.config.kill_grace if grace is None else grace
-        self.signal_tree(signal.SIGTERM)
-        self.signal_tree(signal.SIGCONT)
-        if await self.wait(grace) is None and self.running:
-            self.signal_tree(signal.SIGKILL)
-            await self.wait(grace + self.config.exit_drain + 5)
+        """SIGTERM the process and everything it started, SIGKILL what is left after
+        ``grace``; wait for the exit. What an already exited process started (a daemon it
+        left behind) is killed too, so a restart never runs beside its predecessor."""
+        if self.running:
+            self.kill_reason = self.kill_reason or reason
+            grace = self.config.kill_grace if grace is None else grace
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + grace
+            self.signal_tree(signal.SIGTERM)
+            self.signal_tree(signal.SIGCONT)
+            if await self.wait(grace) is None and self.running:
+                self.signal_tree(signal.SIGKILL)
+                await self.wait(grace + self.config.exit_drain + 5)
+            # The leader is gone; what it started may still be ending (or ignore SIGTERM,
+            # or have escaped the leader): the rest of the grace, then SIGKILL.
+            while loop.time() < deadline:
+                if not self.tree_pids():
+                    break
+                await asyncio.sleep(0.01)  # sleep-ok: poll, bounded by the grace
+        self.signal_tree(signal.SIGKILL)
         return self.log.exit_code
 
+    def tree_pids(self) -> list[int]:
+        """The live processes this one started (itself included), wherever they went:
+        the freezer decides (see ``Freezer.launch_members``)."""
+        if self._freezer is None:
+            return []
+        return sorted(self._freezer.launch_members(self.launch))
+
     def signal_tree(self, sig: int) -> None:
-        """Send ``sig`` to the process, its process group and all its descendants."""
-        if self.pid <= 0:
-            return
-        targets: set[int] = {self.pid}
-        with contextlib.suppress(psutil.Error):
-            targets.update(c.pid for c in psutil.Process(self.pid).children(recursive=True))
-        with contextlib.suppress(OSError):
-            os.killpg(self.pid, sig)
-        for pid in targets:
-            with contextlib.suppress(OSError):
-                os.kill(pid, sig)
+        """Send ``sig`` to the process and everything it started, through the freezer:
+        descendants, its session, and what escaped both (setsid'd, double-forked)."""
+        if self._freezer is not None:
+            self._freezer.signal_launch(self.launch, sig)
 
     async def close(self) -> None:
         """Cancel this process's own tasks (its exit watcher, its deadline, its fan-out)."""

@@ -1,17 +1,24 @@
 """Crash recovery: what a daemon that died without cleaning up (SIGKILL, the OOM killer)
 left behind is found and ended by the next daemon that starts.
 
-A dead daemon leaves its sandboxes' processes running (paused ones frozen forever), their
-cgroups, and its temporary root of working directories. The cgroups are found by name
-(``sandboxkit-<daemon pid>``, see :mod:`sandboxkit.daemon.tree`): every process in them is
-thawed and killed — setsid'd grandchildren too, since nothing leaves a cgroup — and the
-cgroups removed. Temporary roots carry an owner file (pid and start time of the daemon
-that made them, so a reused pid is not mistaken for the owner) and are removed once their
-owner is gone.
+A dead daemon leaves its sandboxes' processes running (paused ones frozen or stopped
+forever), their cgroups, and its temporary root of working directories. Two searches find
+the processes, whichever freezer the dead daemon used (see
+:mod:`sandboxkit.daemon.freezer`):
 
-The limit: with the ``signals`` freezer there is no cgroup, and processes of a dead daemon
-cannot be told apart from anyone else's; they are not found. Use the cgroup freezer where
-processes must not outlive their daemon.
+- its cgroups, by name (``sandboxkit-<daemon pid>``): every process in them is thawed and
+  killed — setsid'd grandchildren too, since nothing leaves a cgroup — and the cgroups
+  removed;
+- its owner marks: every process a sandbox starts carries its daemon's pid and start time
+  in its environment (``SANDBOXKIT_OWNER``), inherited by all it starts; processes marked
+  by a daemon that no longer runs are killed, with their sessions and descendants. This
+  is what reaches a ``signals`` daemon's processes, double-forked and setsid'd ones
+  included. Out of reach: a process that left the sandbox's sessions and parentage *and*
+  replaced its environment (``env -i``), or runs as another user.
+
+Temporary roots carry an owner file (pid and start time of the daemon that made them, so
+a reused pid is not mistaken for the owner) and are removed once their owner is gone.
+Until a successor starts, a dead daemon's processes keep running.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from typing import Any
 
 import psutil
 
-from sandboxkit.daemon.tree import reap_dead_daemons
+from sandboxkit.daemon.freezer import reap_dead_daemons, reap_marked_orphans
 
 __all__ = ["OWNER_FILE", "ROOT_PREFIX", "claim_root", "recover"]
 
@@ -67,9 +74,8 @@ def _dead_roots(tmp: Path) -> list[Path]:
 
 def recover(tmp: Path | None = None) -> list[dict[str, Any]]:
     """End and remove what dead daemons left; one report per thing found (blocking)."""
-    reports: list[dict[str, Any]] = [
-        {"found": "cgroup", **report} for report in reap_dead_daemons()
-    ]
+    # Cgroups first: their processes are thawed before they are killed.
+    reports: list[dict[str, Any]] = reap_dead_daemons() + reap_marked_orphans()
     for root in _dead_roots(tmp or Path(tempfile.gettempdir())):
         shutil.rmtree(root, ignore_errors=True)
         reports.append({"found": "root", "root": str(root), "removed": not root.exists()})

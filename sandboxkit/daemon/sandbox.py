@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sandboxkit.daemon.config import DaemonConfig
-from sandboxkit.daemon.consumers import Consumer
 from sandboxkit.daemon.events import EventJournal
-from sandboxkit.daemon.fanout import FANOUT_POLICIES, Fanout, make_fanout
-from sandboxkit.daemon.ghost import GhostSink
-from sandboxkit.daemon.output_log import OutputLog
+from sandboxkit.daemon.fanout import CursorFanout, Fanout
+from sandboxkit.daemon.faults.lab import FaultLab
+from sandboxkit.daemon.freezer import Freezer
+from sandboxkit.daemon.output_log import OutputLog, remove_tree
 from sandboxkit.daemon.process import ManagedProcess, ProcessSpec
-from sandboxkit.daemon.tree import ProcessTree
 from sandboxkit.errors import InvalidArgument, ProcessNotFound, ResultUnavailable
+from sandboxkit.lab_options import LabOptions
 
 __all__ = ["OnTimeout", "Sandbox", "SandboxState"]
 
@@ -34,7 +34,7 @@ class Sandbox:
         self,
         sandbox_id: str,
         workdir: Path,
-        tree: ProcessTree,
+        tree: Freezer,
         config: DaemonConfig,
         journal: EventJournal,
         *,
@@ -43,10 +43,7 @@ class Sandbox:
         on_timeout: OnTimeout = "pause",
         auto_resume: bool = False,
         metadata: dict[str, str] | None = None,
-        fanout: str | None = None,
-        kick_grace: float | None = None,
-        pause_ghosts: bool = False,
-        ghost_buffer: int | None = None,
+        lab: LabOptions | None = None,
     ) -> None:
         if timeout is not None and timeout <= 0:
             raise InvalidArgument("timeout must be positive", field="timeout")
@@ -62,25 +59,19 @@ class Sandbox:
         self.on_timeout: OnTimeout = on_timeout
         self.auto_resume = auto_resume
         self.metadata = dict(metadata or {})
-        self.fanout = fanout or config.fanout
-        if self.fanout not in FANOUT_POLICIES:
-            raise InvalidArgument(
-                f"fanout must be one of {', '.join(FANOUT_POLICIES)}", field="fanout"
-            )
-        if kick_grace is not None and kick_grace < 0:
-            raise InvalidArgument("kick_grace must not be negative", field="kick_grace")
-        if ghost_buffer is not None and ghost_buffer <= 0:
-            raise InvalidArgument("ghost_buffer must be positive", field="ghost_buffer")
-        self.kick_grace = config.kick_grace if kick_grace is None else kick_grace
-        self.pause_ghosts = pause_ghosts
-        self.ghost_buffer = ghost_buffer or config.ghost_buffer
-        self._snapshot: list[Consumer] = []
+        self.lab = None if lab is None else FaultLab(sandbox_id, lab, config.lab, journal)
+        """The fault lab's machinery, for a sandbox created with lab options (else None:
+        ``cursor`` fan-out, no ghosts)."""
         self.state: SandboxState = "running"
         self.created_at = time.time()
         self.killed_at: float | None = None
         self.last_activity = time.monotonic()
         self.processes: dict[int, ManagedProcess] = {}
         self.evicted: deque[int] = deque(maxlen=10_000)
+        self.runtime_dir = workdir.with_name(workdir.name + ".run")
+        """The daemon's files for this sandbox, beside (not in) its working directory:
+        its processes' output logs. Removed by :meth:`release`."""
+        self._logs = 0
         self._lock = asyncio.Lock()
 
     def touch(self) -> None:
@@ -92,8 +83,9 @@ class Sandbox:
         activity too: a sandbox being watched is not forgotten (ghosts do not count)."""
         if self.state != "running" or self.timeout is None:
             return False
+        lab = self.lab
         if any(
-            c.closed_at is None and not c.ghost
+            c.closed_at is None and not (lab and lab.is_ghost(c))
             for p in self.processes.values()
             for c in p.consumers.values()
         ):
@@ -112,8 +104,15 @@ class Sandbox:
 
     async def start_process(self, spec: ProcessSpec) -> ManagedProcess:
         """Start a process; it runs until it exits, is killed or hits its own deadline."""
+        self._logs += 1
         process = ManagedProcess(
-            self.sandbox_id, spec, self.config, self.journal, self._state, self._fanout
+            self.sandbox_id,
+            spec,
+            self.config,
+            self.journal,
+            self._state,
+            self._fanout,
+            log_dir=self.runtime_dir / f"log-{self._logs}" if self.config.output_on_disk else None,
         )
         await process.start(self.tree, str(self.workdir), self.envs)
         self.processes[process.pid] = process
@@ -128,7 +127,14 @@ class Sandbox:
         return process
 
     def _fanout(self, log: OutputLog) -> Fanout:
-        return make_fanout(self.fanout, log, self.config, grace=self.kick_grace)
+        if self.lab is not None:
+            return self.lab.fanout(log, self.config.stall_timeout)
+        return CursorFanout(log, self.config.stall_timeout)
+
+    @property
+    def fanout(self) -> str:
+        """The fan-out policy of this sandbox's processes (``cursor`` unless the lab's)."""
+        return "cursor" if self.lab is None else self.lab.options.fanout
 
     def process(self, pid: int) -> ManagedProcess:
         """A known process (running or exited within the TTL), or ProcessNotFound."""
@@ -141,8 +147,9 @@ class Sandbox:
                 pid=pid,
             ) from None
 
-    def result(self, pid: int) -> ManagedProcess:
-        """A process whose output can still be read, or ResultUnavailable (410)."""
+    def retained_process(self, pid: int) -> ManagedProcess:
+        """A process whose output can still be read (running, or exited within the result
+        TTL), or ResultUnavailable (410) saying whether it was evicted or never known."""
         process = self.processes.get(pid)
         if process is not None:
             return process
@@ -179,6 +186,7 @@ class Sandbox:
                 if any(c.closed_at is None for c in process.consumers.values()):
                     continue
                 del self.processes[pid]
+                process.log.close()  # its segment files and cache
                 self.evicted.append(pid)
                 self.journal.record("process.evicted", sandbox_id=self.sandbox_id, pid=pid)
 
@@ -190,13 +198,8 @@ class Sandbox:
             if self.state != "running":
                 return
             await self.tree.freeze()
-            if self.pause_ghosts:
-                self._snapshot = [
-                    c
-                    for p in self.processes.values()
-                    for c in p.consumers.values()
-                    if c.closed_at is None
-                ]
+            if self.lab is not None:
+                self.lab.snapshot()
             self.state = "paused"
             self.journal.record("sandbox.paused", sandbox_id=self.sandbox_id, reason=reason)
 
@@ -206,22 +209,11 @@ class Sandbox:
             if self.state != "paused":
                 return
             await self.tree.thaw()
-            await self._restore_snapshot()
+            if self.lab is not None:
+                await self.lab.restore()
             self.state = "running"
             self.touch()
             self.journal.record("sandbox.resumed", sandbox_id=self.sandbox_id, reason=reason)
-
-    async def _restore_snapshot(self) -> None:
-        """What a snapshot restore does to the streams that were open at pause: their
-        clients are disconnected, their daemon-side consumers live on as ghosts."""
-        snapshot, self._snapshot = self._snapshot, []
-        for consumer in snapshot:
-            ghost = await GhostSink.open(self.ghost_buffer)
-            old = consumer.become_ghost(ghost)
-            if old is None:
-                await ghost.close()
-            else:
-                await old.close()
 
     async def kill(self, reason: str = "user") -> None:
         """Kill every process (SIGTERM, then SIGKILL), release the tree and the workdir."""
@@ -235,12 +227,22 @@ class Sandbox:
             # Whatever escaped the per-process kill (double-forked daemons) goes now.
             self.tree.signal(signal.SIGKILL)
             await asyncio.gather(*(p.close() for p in self.processes.values()))
+            for process in self.processes.values():
+                # Results stay readable (from disk) until released; memory goes now.
+                process.log.drop_cache()
             self.tree.close()
             with contextlib.suppress(OSError):
                 shutil.rmtree(self.workdir)
             self.state = "killed"
             self.killed_at = time.time()
             self.journal.record("sandbox.killed", sandbox_id=self.sandbox_id, reason=reason)
+
+    async def release(self) -> None:
+        """Delete what the daemon keeps for a sandbox it forgets: its processes' output
+        logs (their files and memory) and its runtime directory (off the event loop)."""
+        for process in self.processes.values():
+            process.log.close()
+        await remove_tree(self.runtime_dir)
 
     def _state(self) -> str:
         return self.state
@@ -257,8 +259,7 @@ class Sandbox:
             "auto_resume": self.auto_resume,
             "metadata": self.metadata,
             "fanout": self.fanout,
-            "kick_grace": self.kick_grace,
-            "pause_ghosts": self.pause_ghosts,
+            "lab": None if self.lab is None else self.lab.to_json(),
             "created_at": self.created_at,
             "killed_at": self.killed_at,
             "freezer": self.tree.backend,

@@ -15,9 +15,11 @@ import re
 from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
+import msgspec.inspect
 from msgspec import Meta, Struct
 
-from sandboxkit.errors import ERROR_TABLE, InvalidArgument, MalformedFrame
+from sandboxkit.errors import DAEMON_ERROR_TABLE, InvalidArgument, MalformedFrame
+from sandboxkit.lab_options import FanoutPolicy, LabOptions
 
 __all__ = [
     "ERROR_SCHEMA",
@@ -64,7 +66,6 @@ Envs = Annotated[dict[EnvKey, EnvValue], Meta(max_length=MAX_ENVS)]
 Label = Annotated[str, Meta(max_length=256)]
 Count = Annotated[int, Meta(ge=0, le=MAX_INT)]
 Role = Annotated[str, Meta(pattern=r"^[a-z0-9_-]{1,32}$")]
-FanoutName = Literal["cursor", "blocking", "kick"]
 
 
 # -- requests ------------------------------------------------------------------------------
@@ -80,10 +81,8 @@ class CreateSandbox(Struct, forbid_unknown_fields=True, omit_defaults=True):
     metadata: Annotated[
         dict[Label, Annotated[str, Meta(max_length=64 * 1024)]], Meta(max_length=MAX_METADATA)
     ] = {}
-    fanout: FanoutName | None = None
-    kick_grace: Annotated[float, Meta(ge=0, le=3600)] | None = None
-    pause_ghosts: bool = False
-    ghost_buffer: Annotated[int, Meta(ge=1, le=16 * 1024 * 1024)] | None = None
+    lab: LabOptions | None = None
+    """Fault-lab options (:mod:`sandboxkit.lab_options`); absent: a production sandbox."""
 
 
 class SetTimeout(Struct, forbid_unknown_fields=True):
@@ -150,9 +149,10 @@ class SandboxInfo(Struct):
     on_timeout: Literal["pause", "kill"]
     auto_resume: bool
     metadata: dict[str, str]
-    fanout: str
-    kick_grace: float
-    pause_ghosts: bool
+    fanout: FanoutPolicy
+    """The fan-out policy of its processes: ``cursor`` unless the lab set another."""
+    lab: LabOptions | None
+    """The fault-lab options in force (every field set), or ``null``."""
     created_at: float
     killed_at: float | None
     freezer: str
@@ -205,9 +205,10 @@ class StdinAck(Struct):
 
 
 class ConsumerRow(Struct):
-    """One consumer. ``state``: ``streaming`` (keeping up), ``blocked`` (its own send is
-    stuck: the peer takes no more bytes), ``starved`` (output waits for it, yet it is not
-    sending: held back by someone else, e.g. the lab's shared loop), ``kicked``/``closed``
+    """One consumer. ``state``: ``streaming`` (keeping up), ``blocked`` (the peer takes no
+    more bytes: its own send is stuck, or the peer's receive window stays full),
+    ``starved`` (output waits for it, yet it is not sending: held back by someone else,
+    e.g. the lab's shared loop), ``kicked``/``closed``
     (final: ``lag_bytes`` and ``head`` are frozen at that moment). ``role`` is the client's
     label (default ``sdk``); ``ghost`` marks a pause-snapshot ghost."""
 
@@ -256,7 +257,7 @@ ERROR_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["code", "message", "details"],
     "properties": {
-        "code": {"type": "string", "enum": sorted(ERROR_TABLE)},
+        "code": {"type": "string", "enum": sorted(DAEMON_ERROR_TABLE)},
         "message": {"type": "string"},
         "details": {"type": "object"},
     },
@@ -267,7 +268,7 @@ ERROR_SCHEMA: dict[str, Any] = {
 T = TypeVar("T", bound=Struct)
 
 _decoders: dict[type[Any], msgspec.json.Decoder[Any]] = {}
-_AT = re.compile(r"`\$\.([A-Za-z_][A-Za-z0-9_]*)")
+_AT = re.compile(r"`\$\.([A-Za-z_][A-Za-z0-9_.]*)")
 _NAMED = re.compile(r"field `([^`]*)`")
 
 
@@ -298,10 +299,10 @@ def decode_body(raw: bytes, model: type[T]) -> T:
             raise MalformedFrame("request body must be a JSON object") from None
         raise _invalid(exc) from None
     except msgspec.DecodeError as exc:
-        raise _not_json(raw, str(exc)) from None
+        raise _not_json(raw, str(exc), model) from None
 
 
-def _not_json(raw: bytes, reason: str) -> Exception:
+def _not_json(raw: bytes, reason: str, model: type[Struct]) -> Exception:
     """Bytes msgspec refuses as JSON: NaN, Infinity and lone surrogates (which Python's
     own parser takes, and which cannot be served back) are bad values of a named field;
     anything else is not JSON at all."""
@@ -317,9 +318,36 @@ def _not_json(raw: bytes, reason: str) -> Exception:
         return MalformedFrame(f"request body is not JSON: {reason}")
     if not isinstance(value, dict):
         return MalformedFrame("request body must be a JSON object")
-    field = next((k for k, v in value.items() if _unservable(v)), None)
+    field = _unservable_field(value, model)
     what = f"{bad[0]} is not a number JSON can carry" if bad else "a lone surrogate"
     return InvalidArgument(f"{field or 'the body'}: {what}", field=field)
+
+
+def _unservable_field(value: dict[str, Any], model: type[Struct]) -> str | None:
+    """The first field of ``model`` holding an unservable value, as msgspec names it: a
+    dotted path into a nested model (``lab.kick_grace``)."""
+    nested = _nested_models(model)
+    for key, item in value.items():
+        if not _unservable(item):
+            continue
+        inner_model = nested.get(key)
+        if inner_model is not None and isinstance(item, dict):
+            inner = _unservable_field(item, inner_model)
+            return f"{key}.{inner}" if inner else key
+        return key
+    return None
+
+
+def _nested_models(model: type[Struct]) -> dict[str, type[Struct]]:
+    """``model``'s fields whose value is itself a model (possibly optional)."""
+    info = msgspec.inspect.type_info(model)
+    found: dict[str, type[Struct]] = {}
+    for field in getattr(info, "fields", ()):
+        kind = field.type
+        for option in kind.types if isinstance(kind, msgspec.inspect.UnionType) else (kind,):
+            if isinstance(option, msgspec.inspect.StructType):
+                found[field.encode_name] = option.cls
+    return found
 
 
 def _unservable(value: Any, depth: int = 0) -> bool:

@@ -9,34 +9,29 @@ Names load on first use, so that the workload server starts without pandas or ht
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from sandboxkit._lazy import lazy_exports
+from sandboxkit.lab_options import FANOUT_POLICIES, GHOST_KINDS, LabOptions
 
 if TYPE_CHECKING:
-    from sandboxkit.lab.experiment import (
-        CYCLE_COLUMNS,
-        POLICIES,
-        REFRESH,
-        compare,
-        reattach_cycles,
-    )
-    from sandboxkit.lab.ghosts import GHOST_KINDS, FrozenClient, Ghost, LeakyClient, make_ghost
-    from sandboxkit.lab.jsonrpc import JsonRpcClient
+    from sandboxkit.lab.experiment import CYCLE_COLUMNS, compare, lab_options, reattach_cycles
+    from sandboxkit.lab.ghosts import FrozenClient, Ghost, LeakyClient, make_ghost
+    from sandboxkit.lab.jsonrpc import REFRESH_METHODS, JsonRpcClient
     from sandboxkit.lab.plots import plot_cycle_timeline, plot_stall_rates, save_figure
     from sandboxkit.lab.stats import format_stall_table, stall_table, wilson_interval
 
 _WHERE = {
     "CYCLE_COLUMNS": "experiment",
-    "POLICIES": "experiment",
-    "REFRESH": "experiment",
     "compare": "experiment",
+    "lab_options": "experiment",
     "reattach_cycles": "experiment",
-    "GHOST_KINDS": "ghosts",
     "FrozenClient": "ghosts",
     "Ghost": "ghosts",
     "LeakyClient": "ghosts",
     "make_ghost": "ghosts",
     "JsonRpcClient": "jsonrpc",
+    "REFRESH_METHODS": "jsonrpc",
     "plot_cycle_timeline": "plots",
     "plot_stall_rates": "plots",
     "save_figure": "plots",
@@ -47,15 +42,17 @@ _WHERE = {
 
 __all__ = [
     "CYCLE_COLUMNS",
+    "FANOUT_POLICIES",
     "GHOST_KINDS",
-    "POLICIES",
-    "REFRESH",
+    "REFRESH_METHODS",
     "FrozenClient",
     "Ghost",
     "JsonRpcClient",
+    "LabOptions",
     "LeakyClient",
     "compare",
     "format_stall_table",
+    "lab_options",
     "make_ghost",
     "plot_cycle_timeline",
     "plot_stall_rates",
@@ -65,8 +62,4 @@ __all__ = [
     "wilson_interval",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        return getattr(importlib.import_module(f"sandboxkit.lab.{_WHERE[name]}"), name)
-    raise AttributeError(f"module 'sandboxkit.lab' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE)

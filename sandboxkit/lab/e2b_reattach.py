@@ -25,7 +25,9 @@ import pandas as pd
 
 from sandboxkit.client.sandbox import AsyncSandbox
 from sandboxkit.lab import stdio_server
-from sandboxkit.lab.experiment import CYCLE_COLUMNS, REFRESH
+from sandboxkit.lab.experiment import CYCLE_COLUMNS, lab_options
+from sandboxkit.lab.jsonrpc import REFRESH_METHODS as REFRESH
+from sandboxkit.lab_options import GHOST_BUFFER
 
 __all__ = ["compare_e2b", "e2b_reattach_cycles"]
 
@@ -97,7 +99,7 @@ async def e2b_reattach_cycles(
     deadline: float = 3.0,
     response_size: int = 6000,
     kick_grace: float | None = None,
-    ghost_buffer: int = 4096,
+    ghost_buffer: int = GHOST_BUFFER,
     on_cycle: Callable[[dict[str, Any]], Any] | None = None,
 ) -> pd.DataFrame:
     """Run ``cycles`` e2b reattach cycles in a fresh sandbox of the daemon at ``url``
@@ -105,10 +107,9 @@ async def e2b_reattach_cycles(
     from e2b import AsyncSandbox as E2BSandbox
 
     sbx = await AsyncSandbox.create(
-        fanout=policy,
-        kick_grace=kick_grace,
-        pause_ghosts=True,
-        ghost_buffer=ghost_buffer,
+        lab=lab_options(
+            policy, pause_ghosts=True, kick_grace=kick_grace, ghost_buffer=ghost_buffer
+        ),
         url=url,
         token=token,
         metadata={"lab": f"{policy}/e2b"},

@@ -16,18 +16,22 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import pandas as pd
 
 from sandboxkit.client.sandbox import AsyncSandbox
 from sandboxkit.lab import stdio_server
-from sandboxkit.lab.ghosts import GHOST_KINDS, Ghost, make_ghost
-from sandboxkit.lab.jsonrpc import JsonRpcClient
+from sandboxkit.lab.ghosts import Ghost, make_ghost
+from sandboxkit.lab.jsonrpc import REFRESH_METHODS, JsonRpcClient
+from sandboxkit.lab_options import (
+    FANOUT_POLICIES,
+    GHOST_BUFFER,
+    GHOST_KINDS,
+    QUEUE_POLICIES,
+    LabOptions,
+)
 
-__all__ = ["CYCLE_COLUMNS", "POLICIES", "REFRESH", "compare", "reattach_cycles"]
-
-POLICIES = ("blocking", "kick", "cursor")
-REFRESH = ("tools/list", "resources/list", "prompts/list")
-"""What a client asks for after a reattach (an MCP client's refresh)."""
+__all__ = ["CYCLE_COLUMNS", "compare", "lab_options", "reattach_cycles"]
 
 CYCLE_COLUMNS = [
     "policy",
@@ -49,6 +53,29 @@ CYCLE_COLUMNS = [
     "t_kick",
     "deadline",
 ]
+
+
+def lab_options(
+    policy: str,
+    *,
+    pause_ghosts: bool,
+    kick_grace: float | None = None,
+    ghost_buffer: int | None = None,
+) -> LabOptions:
+    """The sandbox options for one experiment; ValueError for a policy or value the
+    daemon would refuse."""
+    try:
+        return msgspec.convert(
+            {
+                "fanout": policy,
+                "pause_ghosts": pause_ghosts,
+                "kick_grace": kick_grace,
+                "ghost_buffer": ghost_buffer,
+            },
+            LabOptions,
+        )
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"{exc} (policies: {', '.join(FANOUT_POLICIES)})") from None
 
 
 @dataclass
@@ -73,7 +100,7 @@ async def reattach_cycles(
     deadline: float = 3.0,
     response_size: int = 6000,
     kick_grace: float | None = None,
-    ghost_buffer: int = 4096,
+    ghost_buffer: int = GHOST_BUFFER,
     url: str | None = None,
     token: str | None = None,
     on_cycle: Callable[[dict[str, Any]], Any] | None = None,
@@ -82,16 +109,22 @@ async def reattach_cycles(
 
     Each cycle: (make a client-side ghost, for ``leaky``/``frozen``) → pause → resume →
     drop the old client → ``connect(pid)`` a new one at the head → send the refresh
-    (``tools/list``, ``resources/list``, ``prompts/list``) at once and wait ``deadline``
+    (:data:`~sandboxkit.lab.jsonrpc.REFRESH_METHODS`) at once and wait ``deadline``
     seconds for the answers. A cycle is *stalled* if any answer is missing by then.
+    Under ``blocking``/``kick`` the clients connect without a cursor: those policies
+    deliver new output only.
     """
     if ghost not in GHOST_KINDS:
         raise ValueError(f"ghost must be one of {', '.join(GHOST_KINDS)}")
-    sbx = await AsyncSandbox.create(
-        fanout=policy,
-        kick_grace=kick_grace,
+    lab = lab_options(
+        policy,
         pause_ghosts=ghost == "pause-snapshot",
+        kick_grace=kick_grace,
         ghost_buffer=ghost_buffer,
+    )
+    replays = policy not in QUEUE_POLICIES
+    sbx = await AsyncSandbox.create(
+        lab=lab,
         url=url,
         token=token,
         metadata={"lab": f"{policy}/{ghost}"},
@@ -106,7 +139,7 @@ async def reattach_cycles(
             stdio_server.command(response_size=response_size, piece_delay=0.001)
         )
         pid = server.pid
-        client = JsonRpcClient(sbx, pid, cursor=0)
+        client = JsonRpcClient(sbx, pid, cursor=0 if replays else None)
         await client.start()
         await client.request("initialize", {"protocolVersion": "2025-06-18"}, deadline=10.0)
         conn = sbx.connection
@@ -125,13 +158,13 @@ async def reattach_cycles(
             cycle.t_resume = cycle.at()
             await client.close()
             head = (await sbx.commands.get(pid)).head
-            client = JsonRpcClient(sbx, pid, cursor=head)
+            client = JsonRpcClient(sbx, pid, cursor=head if replays else None)
             await client.start()
             cycle.t_reattach = cycle.at()
             complete = await _refresh(client, deadline)
             if client.first_byte_at is not None:
                 cycle.t_first_byte = client.first_byte_at - cycle.start
-            if complete == len(REFRESH):
+            if complete == len(REFRESH_METHODS):
                 cycle.t_complete = cycle.at()
             events = await sbx.raw_events(since=events_from)
             kicks = [e for e in events if e["kind"] == "consumer.kicked"]
@@ -139,12 +172,12 @@ async def reattach_cycles(
                 "policy": policy,
                 "ghost": ghost,
                 "cycle": index,
-                "responses_expected": len(REFRESH),
+                "responses_expected": len(REFRESH_METHODS),
                 "responses_complete": complete,
                 "bytes_received": client.bytes_received,
                 "time_to_first_byte": cycle.t_first_byte - cycle.t_reattach,
                 "time_to_complete": cycle.t_complete - cycle.t_reattach,
-                "stalled": complete < len(REFRESH),
+                "stalled": complete < len(REFRESH_METHODS),
                 "kicks": len(kicks),
                 "gaps": sum(1 for e in events if e["kind"] == "consumer.gap"),
                 "t_pause": cycle.t_pause,
@@ -198,14 +231,14 @@ async def _journal_head(sbx: AsyncSandbox) -> int:
 async def _refresh(client: JsonRpcClient, deadline: float) -> int:
     """Send the refresh requests together; count the answers within ``deadline``."""
     results = await asyncio.gather(
-        *(client.request(method, {}, deadline=deadline) for method in REFRESH),
+        *(client.request(method, {}, deadline=deadline) for method in REFRESH_METHODS),
         return_exceptions=True,
     )
     return sum(1 for r in results if not isinstance(r, BaseException))
 
 
 async def compare(
-    policies: Sequence[str] = POLICIES,
+    policies: Sequence[str] = FANOUT_POLICIES,
     ghosts: Sequence[str] = ("pause-snapshot",),
     cycles: int = 6,
     *,

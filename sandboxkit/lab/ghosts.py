@@ -4,7 +4,8 @@
   HTTP/2 stream that was never reset, a response nobody closed (F4).
 * :class:`FrozenClient` is a reader in a separate process that gets SIGSTOP.
 * Pause-snapshot ghosts are made by the daemon itself: create the sandbox with
-  ``pause_ghosts=True`` and every stream open at a pause becomes a ghost on resume.
+  ``lab=LabOptions(pause_ghosts=True)`` and every stream open at a pause becomes a ghost
+  on resume.
 
 Each ghost's receive buffer is small by default (``buffer``). For a pause-snapshot ghost
 that is the whole path (a socket pair of ``buffer`` bytes), so a wedge shows after a
@@ -26,9 +27,9 @@ import subprocess
 import sys
 from urllib.parse import urlsplit
 
-__all__ = ["GHOST_KINDS", "FrozenClient", "Ghost", "LeakyClient", "make_ghost"]
+from sandboxkit.lab_options import GHOST_BUFFER, GHOST_KINDS
 
-GHOST_KINDS = ("pause-snapshot", "leaky", "frozen", "none")
+__all__ = ["GHOST_KINDS", "FrozenClient", "Ghost", "LeakyClient", "make_ghost"]
 
 
 def _request(url: str, token: str | None, sandbox_id: str, pid: int, name: str) -> bytes:
@@ -60,7 +61,7 @@ class LeakyClient(Ghost):
     kind = "leaky"
 
     def __init__(
-        self, url: str, token: str | None, sandbox_id: str, pid: int, *, buffer: int = 4096
+        self, url: str, token: str | None, sandbox_id: str, pid: int, *, buffer: int = GHOST_BUFFER
     ):
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         # Set before connect, so the advertised window is small from the start.
@@ -118,7 +119,7 @@ class FrozenClient(Ghost):
     kind = "frozen"
 
     def __init__(
-        self, url: str, token: str | None, sandbox_id: str, pid: int, *, buffer: int = 4096
+        self, url: str, token: str | None, sandbox_id: str, pid: int, *, buffer: int = GHOST_BUFFER
     ):
         host, port = _address(url)
         request = _request(url, token, sandbox_id, pid, "ghost-frozen").decode()
@@ -154,7 +155,7 @@ class FrozenClient(Ghost):
 
 
 async def make_ghost(
-    kind: str, url: str, token: str | None, sandbox_id: str, pid: int, *, buffer: int = 4096
+    kind: str, url: str, token: str | None, sandbox_id: str, pid: int, *, buffer: int = GHOST_BUFFER
 ) -> Ghost | None:
     """A client-side ghost of ``kind`` attached to ``pid`` (``None`` for the kinds the
     daemon makes itself or for ``none``)."""

@@ -117,13 +117,11 @@ class JsonRpcClient:
         if self._handle is not None:
             raise RuntimeError("the client is already started")
         self.started_at = time.monotonic()
-        handle = await self.sbx.commands.connect(
-            self.pid, self.cursor, on_stdout=self.feed, lines=False
+        # on_end: a callback when the stream ends (exit, error or disconnect), not a
+        # watcher task, so nothing is left to cancel.
+        self._handle = await self.sbx.commands.connect(
+            self.pid, self.cursor, on_stdout=self.feed, lines=False, on_end=self._on_stream_done
         )
-        self._handle = handle
-        # The handle's task ends with the stream (exit, error or disconnect); a callback,
-        # not a watcher task, so nothing is left to cancel.
-        handle._task.add_done_callback(self._on_stream_done)
         self._session = self._open_session()
 
     async def close(self) -> None:
@@ -321,15 +319,16 @@ class JsonRpcClient:
             self.responses -= 1
             self.stray_lines += 1
 
-    def _on_stream_done(self, task: asyncio.Future[Any]) -> None:
-        if task.cancelled():
-            error: BaseException = RpcClosed(f"the output stream of process {self.pid} was closed")
-        elif task.exception() is not None:
-            error = task.exception()  # type: ignore[assignment]
+    def _on_stream_done(self, handle: AsyncCommandHandle) -> None:
+        error: BaseException
+        if handle.error is not None:
+            error = handle.error
+        elif handle.stream.ended:
+            error = RpcClosed(
+                f"process {self.pid} exited (code {handle.exit_code}) before responding"
+            )
         else:
-            handle = self._handle
-            code = handle.exit_code if handle is not None else None
-            error = RpcClosed(f"process {self.pid} exited (code {code}) before responding")
+            error = RpcClosed(f"the output stream of process {self.pid} was closed")
         if self._ended is None:
             self._ended = error
         self._fail_pending(error)

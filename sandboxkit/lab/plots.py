@@ -24,6 +24,7 @@ from matplotlib.ticker import PercentFormatter
 from sandboxkit.lab.stats import (
     STALL_TABLE_COLUMNS,
     STALL_TABLE_REQUIRED,
+    as_float,
     policy_rank,
     require_columns,
     stall_table,
@@ -97,15 +98,6 @@ def _color_map(policies: list[Hashable]) -> dict[Hashable, str]:
     return colors
 
 
-def _as_float(value: object) -> float:
-    if value is None or value is pd.NA:
-        return math.nan
-    try:
-        return float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return math.nan
-
-
 def _empty_message(fig: Figure, message: str) -> None:
     ax = fig.add_subplot()
     ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes)
@@ -161,9 +153,9 @@ def plot_stall_rates(
 
     ax = fig.add_subplot()
     records: list[dict[Hashable, Any]] = table.to_dict("records")
-    rates = [_as_float(r["stall_rate"]) for r in records]
-    lows = [_as_float(r["ci_low"]) for r in records]
-    highs = [_as_float(r["ci_high"]) for r in records]
+    rates = [as_float(r["stall_rate"]) for r in records]
+    lows = [as_float(r["ci_low"]) for r in records]
+    highs = [as_float(r["ci_high"]) for r in records]
     colors_by_policy = _color_map([r["policy"] for r in records])
     colors = [colors_by_policy[r["policy"]] for r in records]
     x = list(range(len(records)))
@@ -292,8 +284,8 @@ def plot_cycle_timeline(
     x_min = 0.0
     for y, record in zip(ys, records, strict=True):
         color = colors_by_policy[record["policy"]]
-        deadline = _as_float(record["deadline"])
-        times = [_as_float(record[column]) for column, _, _, _ in TIMELINE_MARKERS]
+        deadline = as_float(record["deadline"])
+        times = [as_float(record[column]) for column, _, _, _ in TIMELINE_MARKERS]
         finite = [t for t in [deadline, *times] if not math.isnan(t)]
         if finite:
             x_max = max(x_max, *finite)
@@ -305,7 +297,7 @@ def plot_cycle_timeline(
             start = next(
                 (
                     t
-                    for t in (_as_float(record["t_reattach"]), _as_float(record["t_resume"]))
+                    for t in (as_float(record["t_reattach"]), as_float(record["t_resume"]))
                     if not math.isnan(t)
                 ),
                 0.0,
@@ -325,9 +317,9 @@ def plot_cycle_timeline(
 
     for column, _label, marker, color in TIMELINE_MARKERS:
         points = [
-            (_as_float(r[column]), y)
+            (as_float(r[column]), y)
             for y, r in zip(ys, records, strict=True)
-            if not math.isnan(_as_float(r[column]))
+            if not math.isnan(as_float(r[column]))
         ]
         if points:
             xs = [p[0] for p in points]

@@ -20,10 +20,13 @@ from typing import Any
 
 import pandas as pd
 
+from sandboxkit.lab_options import FANOUT_POLICIES
+
 __all__ = [
     "POLICY_ORDER",
     "STALL_TABLE_COLUMNS",
     "STALL_TABLE_REQUIRED",
+    "as_float",
     "format_duration",
     "format_stall_table",
     "policy_rank",
@@ -33,7 +36,7 @@ __all__ = [
 ]
 
 #: Fan-out policies in presentation order: the two shipped failures first, the fix last.
-POLICY_ORDER: tuple[str, ...] = ("blocking", "kick", "cursor")
+POLICY_ORDER: tuple[str, ...] = FANOUT_POLICIES
 
 #: The per-cycle columns :func:`stall_table` reads.
 STALL_TABLE_REQUIRED: tuple[str, ...] = (
@@ -50,7 +53,7 @@ STALL_TABLE_COLUMNS: tuple[str, ...] = (
     "policy",
     "ghost",
     "cycles",
-    "stalled",
+    "stalled_cycles",
     "stalls",
     "stall_rate",
     "ci_low",
@@ -61,7 +64,7 @@ STALL_TABLE_COLUMNS: tuple[str, ...] = (
     "gaps",
 )
 
-_INT_COLUMNS = ("cycles", "stalled", "kicks", "gaps")
+_INT_COLUMNS = ("cycles", "stalled_cycles", "kicks", "gaps")
 _FLOAT_COLUMNS = (
     "stall_rate",
     "ci_low",
@@ -160,8 +163,9 @@ def _first_appearance(values: Iterable[Hashable]) -> dict[Hashable, int]:
     return rank
 
 
-def _as_float(value: object) -> float:
-    """A pandas scalar as a float, with missing values as NaN."""
+def as_float(value: object) -> float:
+    """A pandas scalar as a float; missing (``None``, ``NA``, ``NaT``) or not a number: NaN.
+    The one conversion the table and the plots (:mod:`sandboxkit.lab.plots`) share."""
     if value is None or value is pd.NA or value is pd.NaT:
         return math.nan
     try:
@@ -180,7 +184,8 @@ def stall_table(df: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
     Columns (see :data:`STALL_TABLE_COLUMNS`):
 
     - ``policy``, ``ghost``: the configuration.
-    - ``cycles``: number of cycles ``n``; ``stalled``: number of stalled cycles ``k``.
+    - ``cycles``: number of cycles ``n``; ``stalled_cycles``: number of stalled cycles
+      ``k`` (the per-cycle frame's ``stalled`` is one cycle's bool).
     - ``stalls``: ``"k/n"``, as the incident reports state it (``"6/6"``).
     - ``stall_rate``: ``k / n``; ``ci_low``, ``ci_high``: its Wilson interval at
       ``confidence``.
@@ -231,13 +236,13 @@ def stall_table(df: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
                 "policy": policy,
                 "ghost": ghost,
                 "cycles": n,
-                "stalled": k,
+                "stalled_cycles": k,
                 "stalls": f"{k}/{n}",
                 "stall_rate": k / n,
                 "ci_low": low,
                 "ci_high": high,
-                "median_time_to_complete": _as_float(times.median()) if len(times) else math.nan,
-                "max_time_to_complete": _as_float(times.max()) if len(times) else math.nan,
+                "median_time_to_complete": as_float(times.median()) if len(times) else math.nan,
+                "max_time_to_complete": as_float(times.max()) if len(times) else math.nan,
                 "kicks": int(pd.to_numeric(group["kicks"], errors="coerce").fillna(0).sum()),
                 "gaps": int(pd.to_numeric(group["gaps"], errors="coerce").fillna(0).sum()),
             }
@@ -295,8 +300,8 @@ def format_stall_table(table: pd.DataFrame) -> str:
     body: list[tuple[str, ...]] = []
     for record in table.to_dict("records"):
         rate = (
-            f"{_percent(_as_float(record['stall_rate']))} "
-            f"[{_percent(_as_float(record['ci_low']))}–{_percent(_as_float(record['ci_high']))}]"
+            f"{_percent(as_float(record['stall_rate']))} "
+            f"[{_percent(as_float(record['ci_low']))}–{_percent(as_float(record['ci_high']))}]"
         )
         body.append(
             (
@@ -304,8 +309,8 @@ def format_stall_table(table: pd.DataFrame) -> str:
                 str(record["ghost"]),
                 str(record["stalls"]),
                 rate,
-                format_duration(_as_float(record["median_time_to_complete"])),
-                format_duration(_as_float(record["max_time_to_complete"])),
+                format_duration(as_float(record["median_time_to_complete"])),
+                format_duration(as_float(record["max_time_to_complete"])),
                 str(record["kicks"]),
                 str(record["gaps"]),
             )

@@ -12,8 +12,9 @@ that importing :mod:`sandboxkit.notebook` stays cheap::
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from sandboxkit._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from sandboxkit.notebook.charts import BackpressureChart, LifecycleTimeline
@@ -39,14 +40,4 @@ __all__ = [
     "StallLab",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        value = getattr(importlib.import_module(f"sandboxkit.notebook.{_WHERE[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'sandboxkit.notebook' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_WHERE])
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE)

@@ -141,14 +141,6 @@ class Runtime:
         """True when a kernel loop runs: actions are tasks, a ticker flushes widgets."""
         return self.kernel_loop is not None
 
-    @property
-    def sandbox_loop(self) -> asyncio.AbstractEventLoop:
-        """The loop client calls and stream callbacks run on."""
-        if self._thread is not None:
-            return self._thread.loop
-        assert self.kernel_loop is not None
-        return self.kernel_loop
-
     async def call(self, coro: Coroutine[Any, Any, T]) -> T:
         """Await ``coro`` on the sandbox loop, from the kernel loop."""
         if self._thread is None or running_loop() is self._thread.loop:

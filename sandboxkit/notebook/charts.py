@@ -43,6 +43,7 @@ from sandboxkit.notebook._figures import new_figure
 from sandboxkit.notebook._frontend import css, esm
 from sandboxkit.notebook._runtime import AnySandbox
 from sandboxkit.notebook._widget import WidgetBase
+from sandboxkit.providers.base import metrics_scope
 
 if TYPE_CHECKING:
     from sandboxkit.notebook.panel import ProcessPanel
@@ -460,7 +461,10 @@ class BackpressureChart(_PolledChart[pd.DataFrame]):
         return self.data.window
 
     def _title(self) -> str:
-        return f"Backpressure of process {self.data.pid}"
+        title = f"Backpressure of process {self.data.pid}"
+        if metrics_scope(self._sbx) == "client":  # e.g. E2B: no consumer metrics to read
+            title += " · client-side only (this kernel's readers; the provider reports none)"
+        return title
 
     async def _fetch(self) -> pd.DataFrame:
         return await self._sbx.consumers()
@@ -576,7 +580,10 @@ class LifecycleTimeline(_PolledChart[list[dict[str, Any]]]):
         return self.data.markers
 
     def _title(self) -> str:
-        return f"Lifecycle of sandbox {self._sbx.sandbox_id}"
+        title = f"Lifecycle of sandbox {self._sbx.sandbox_id}"
+        if metrics_scope(self._sbx) == "client":  # e.g. E2B: it keeps no event journal
+            title += " · as seen by this client (the provider keeps no journal)"
+        return title
 
     async def _fetch(self) -> list[dict[str, Any]]:
         return await self._sbx.raw_events(self.data.next_seq)

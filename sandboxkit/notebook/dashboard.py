@@ -36,6 +36,7 @@ from sandboxkit.client.sync import Sandbox
 from sandboxkit.errors import InvalidArgument, SandboxkitError, SandboxNotFound
 from sandboxkit.notebook._runtime import Runtime
 from sandboxkit.notebook._widget import close_tree
+from sandboxkit.providers.base import load
 
 __all__ = ["PROCESS_COLUMNS", "SANDBOX_COLUMNS", "DashboardState", "SandboxDashboard"]
 
@@ -124,7 +125,7 @@ class SandboxDashboard:
         refresh_interval: seconds between automatic refreshes inside a running kernel
             (``None`` or 0: only on actions and :meth:`refresh`).
         create_options: passed to :meth:`Sandbox.create` by :meth:`on_create` (e.g.
-            ``fanout="blocking"``, ``pause_ghosts=True``); ``url``/``token`` also select
+            ``lab=LabOptions(fanout="blocking", pause_ghosts=True)``); ``url``/``token`` also select
             the daemon the dashboard lists.
     """
 
@@ -145,6 +146,12 @@ class SandboxDashboard:
         self._closed = False
         self._url: str | None = create_options.get("url")
         self._token: str | None = create_options.get("token")
+        inner = sbx.async_sandbox if isinstance(sbx, Sandbox) else sbx
+        self._provider: str | None = create_options.get("provider") or getattr(
+            inner, "provider", None
+        )
+        """``"e2b"``: the sandboxes are a provider's (listed and connected through it)."""
+        self._provider_options: dict[str, Any] = dict(create_options.get("provider_options") or {})
         self._thread = _loop_of(sbx) if isinstance(sbx, Sandbox) else shared_loop_thread()
         self._runtime = Runtime(sbx if isinstance(sbx, Sandbox) else None)
         self._build_widgets()
@@ -246,7 +253,13 @@ class SandboxDashboard:
     async def _connect(self, sandbox_id: str | None) -> None:
         """Select ``sandbox_id``, connecting a client first if needed (sandbox loop)."""
         if sandbox_id is not None and sandbox_id not in self._clients:
-            client = await AsyncSandbox.connect(sandbox_id, url=self._url, token=self._token)
+            client: AsyncSandbox
+            if self._provider is not None:
+                client = await load(self._provider).connect(
+                    sandbox_id, url=self._url, token=self._token, options=self._provider_options
+                )
+            else:
+                client = await AsyncSandbox.connect(sandbox_id, url=self._url, token=self._token)
             with self._lock:
                 self._clients[sandbox_id] = Sandbox(client, self._thread)
                 self._owned.add(sandbox_id)
@@ -307,11 +320,7 @@ class SandboxDashboard:
             with self._lock:
                 self._clients.pop(sbx.sandbox_id, None)
                 self._owned.discard(sbx.sandbox_id)
-            alive = [
-                s.sandbox_id
-                for s in await AsyncSandbox.list(url=self._url, token=self._token)
-                if s.state != "killed"
-            ]
+            alive = [s.sandbox_id for s in await self._list() if s.state != "killed"]
             await self._connect(alive[0] if alive else None)
             return sbx.sandbox_id
 
@@ -389,12 +398,21 @@ class SandboxDashboard:
     async def _fetch(self) -> _Tables:
         """The sandbox list and the selected sandbox's processes (sandbox loop)."""
         client = self.sbx
-        sandboxes = await AsyncSandbox.list(url=self._url, token=self._token)
+        sandboxes = await self._list()
         processes: list[ProcessInfo] = []
         if client is not None:
             with contextlib.suppress(SandboxNotFound):
                 processes = await client.async_sandbox.commands.list()
         return sandboxes, processes
+
+    async def _list(self) -> list[SandboxInfo]:
+        """The sandboxes to show: the daemon's, or the provider's (sandbox loop)."""
+        if self._provider is not None:
+            infos: list[SandboxInfo] = await load(self._provider).list_sandboxes(
+                url=self._url, token=self._token, options=self._provider_options
+            )
+            return infos
+        return await AsyncSandbox.list(url=self._url, token=self._token)
 
     def _apply(self, sandboxes: list[SandboxInfo], processes: list[ProcessInfo]) -> None:
         with self._lock:
@@ -446,7 +464,7 @@ class SandboxDashboard:
                 "sandbox_id": s.sandbox_id,
                 "state": s.state,
                 "processes": s.processes,
-                "fanout": s.raw.get("fanout", ""),
+                "fanout": s.fanout,
                 "selected": s.sandbox_id == selected,
             }
             for s in sandboxes
@@ -488,6 +506,11 @@ class SandboxDashboard:
             if selected is not None
             else "no sandbox selected"
         )
+        if self._provider is not None:  # what it cannot measure, said where people look
+            self.title.value += (
+                f" · on {html.escape(self._provider.upper())}: consumers are client-side "
+                "only (this kernel's readers)"
+            )
         running = info is not None and info.state == "running"
         self.pause_button.disabled = not running
         self.resume_button.disabled = not (info is not None and info.state == "paused")

@@ -1,31 +1,8 @@
 """``ProcessPanel``: a live terminal of one process, with its repair buttons.
 
-Public API (for the other notebook modules, tests and users)::
-
-    from sandboxkit.notebook import ProcessPanel, PanelState
-    panel = ProcessPanel(sbx, pid, cursor=None, stall_after=5.0, flush_hz=10.0,
-                         rate_cap=256 * 1024, scrollback=5000, rows=20,
-                         tail_bytes=256 * 1024)   # sbx: a sync Sandbox or an AsyncSandbox
-    panel                      # displays panel.widget (a VBox, CSS class sandboxkit-panel)
-    panel.pid                  # the process followed now (changes on Kill-restart)
-    panel.lines                # complete lines of the kernel's byte tail (ANSI stripped)
-    panel.line_count           # complete lines received in total (since the last restart)
-    panel.state                # the PanelState (plain Python, thread-safe)
-    panel.on_reattach()        # disconnect, reconnect from the cursor: no loss, no dup
-    panel.on_kill_restart()    # commands.restart(pid); follow the NEW pid from cursor 0
-    panel.on_pause_resume()    # pause / resume the sandbox; the button label follows
-    panel.on_detach()          # stop following (the process keeps running)
-    panel.on_send_stdin(text=None)  # text (default: the stdin box, then cleared) + "\\n"
-    panel.flush()              # send the front end what changed now (one message at most)
-    panel.close()              # cancel tasks, disconnect, close widgets (idempotent)
-    await panel.aclose()       # the same, awaiting every task (use it on a running loop)
-    panel.tasks                # owned tasks still running (0 after a completed close)
-    panel.flushes              # messages sent to the front end
-
-    Widgets: panel.widget (VBox), panel.terminal (the anywidget: xterm.js + status line),
-    panel.buttons["Reattach" | "Kill-restart" | "Pause" | "Detach" | "Send"]
-    (panel.pause_button is buttons["Pause"], labelled "Pause" or "Resume"),
-    panel.stdin_box (Text), panel.send_button.
+A button's handler is a named method (``on_reattach``, ``on_kill_restart``,
+``on_pause_resume``, ``on_detach``, ``on_send_stdin``) that a test or a cell can call; the
+widgets are ``panel.widget``, ``panel.terminal`` and ``panel.buttons[label]``.
 
 What goes to the browser (the front end is ``panel.js``, xterm.js inside an anywidget): only
 new bytes, as binary buffers of anywidget custom messages, at most ``flush_hz`` messages a
@@ -79,6 +56,7 @@ from sandboxkit.errors import CommandExitError
 from sandboxkit.notebook._frontend import css, esm
 from sandboxkit.notebook._runtime import AnySandbox
 from sandboxkit.notebook._widget import WidgetBase
+from sandboxkit.providers.base import UnknownGap
 
 __all__ = ["DeltaPump", "PanelSnapshot", "PanelState", "ProcessPanel", "TerminalWidget"]
 
@@ -87,6 +65,7 @@ _RATE_WINDOW = 2.0
 _POLL_INTERVAL = 1.0
 _STDERR_ON = b"\x1b[31m"
 _SGR_OFF = b"\x1b[0m"
+_NOTE_ON = b"\x1b[2;3m"  # dim italic: the panel's own lines, never a process's output
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 DEFAULT_RATE_CAP = 256 * 1024
@@ -310,12 +289,14 @@ class PanelState:
         self.feed("stderr", text, cursor)
 
     def note(self, text: str) -> None:
-        """Show a line of the panel's own (a restart marker) in the terminal, dimmed."""
+        """Show a line of the panel's own (a restart or gap marker) in the terminal,
+        dimmed. It is kept in the tail too, so a view that renders later (or reloads)
+        still shows it; :attr:`lines` leaves it out (it is not process output)."""
         with self._lock:
-            data = b"\r\n\x1b[2m" + text.encode() + b"\x1b[0m\r\n"
-            if not self._pending:
-                self._pending_at = self._pos
-            self._pending += data  # the browser's only: not process output, not in the tail
+            # Each line it makes starts with _NOTE_ON (the first ends a partial line, or
+            # is empty), so `lines` can leave them out.
+            line = _NOTE_ON + text.encode() + _SGR_OFF + b"\r\n"
+            self._append(_NOTE_ON + b"\r\n" + line, self._pos)
             self._bump()
 
     def set_attached(self, attached: bool, cursor: int | None = None) -> None:
@@ -401,7 +382,8 @@ class PanelState:
     def lines(self) -> list[str]:
         """Complete lines of the byte tail, as a terminal shows them (ANSI stripped)."""
         text = self.tail().decode("utf-8", "replace")
-        return [_display_line(line) for line in text.split("\n")[:-1]]
+        note = _NOTE_ON.decode()
+        return [_display_line(line) for line in text.split("\n")[:-1] if not line.startswith(note)]
 
     def _trim_recent(self, now: float) -> None:
         while self._recent and now - self._recent[0][0] > _RATE_WINDOW:
@@ -561,8 +543,13 @@ class _Follower:
         if self.active:
             self.state.feed("stderr", text, self._cursor())
 
-    def gap(self, gap: GapInfo) -> None:
-        """Output the daemon evicted before the panel read it: say so in the terminal."""
+    def gap(self, gap: GapInfo | UnknownGap) -> None:
+        """Output the daemon evicted before the panel read it: say so in the terminal.
+        A provider that cannot replay (E2B) cannot count it either: "amount unknown"."""
+        if isinstance(gap, UnknownGap):
+            if self.active:
+                self.state.note(f"… output may be missing here, amount unknown: {gap.reason}")
+            return
         if self.active:
             self.state.note(
                 f"… {gap.bytes_lost} bytes lost: evicted by the daemon before the panel "
@@ -577,8 +564,11 @@ class _Follower:
 
 
 class ProcessPanel(WidgetBase):
-    """A live terminal of process ``pid`` with Reattach / Kill-restart / Pause-Resume /
-    Detach buttons and a stdin box (see the module docstring for the whole API)."""
+    """A live terminal of process ``pid`` of ``sbx`` (a sync ``Sandbox`` or an
+    ``AsyncSandbox``) with Reattach / Kill-restart / Pause-Resume / Detach buttons and a
+    stdin box. ``flush_hz``, ``rate_cap``, ``tail_bytes`` and ``scrollback`` bound what
+    reaches the browser, ``stall_after`` is the STALLED badge's silence (the module
+    docstring says how); ``cursor`` where to start, ``rows`` the terminal's height."""
 
     role = "panel"
     """The consumer role this panel's stream announces to the daemon."""

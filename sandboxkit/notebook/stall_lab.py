@@ -35,10 +35,10 @@ import pandas as pd
 
 from sandboxkit.client.loop_thread import shared_loop_thread
 from sandboxkit.errors import InvalidArgument
-from sandboxkit.lab.experiment import CYCLE_COLUMNS, POLICIES, reattach_cycles
-from sandboxkit.lab.ghosts import GHOST_KINDS
+from sandboxkit.lab.experiment import CYCLE_COLUMNS, reattach_cycles
 from sandboxkit.lab.plots import plot_stall_rates
 from sandboxkit.lab.stats import format_duration, stall_table
+from sandboxkit.lab_options import FANOUT_POLICIES, GHOST_KINDS
 from sandboxkit.notebook._figures import figure_png
 from sandboxkit.notebook._runtime import Runtime
 from sandboxkit.notebook._widget import close_tree
@@ -58,7 +58,7 @@ class LabState:
     """Cycles the current run will make."""
     done: int = 0
     """Cycles finished so far."""
-    stalled: int = 0
+    stalled_cycles: int = 0
     """Stalled cycles so far."""
     current: str = ""
     """The configuration running now (``policy/ghost``)."""
@@ -140,10 +140,10 @@ class StallLab:
         self._stopped = threading.Event()
 
         self.policies = widgets.SelectMultiple(
-            options=list(POLICIES),
+            options=list(FANOUT_POLICIES),
             value=list(policies),
             description="policies",
-            rows=len(POLICIES),
+            rows=len(FANOUT_POLICIES),
         )
         self.ghost = widgets.Dropdown(options=list(GHOST_KINDS), value=ghost, description="ghost")
         self.cycles = widgets.IntSlider(value=cycles, min=1, max=30, description="cycles")
@@ -226,7 +226,7 @@ class StallLab:
         self._update(
             total=len(policies) * cycles,
             done=0,
-            stalled=0,
+            stalled_cycles=0,
             current="",
             running=True,
             error=None,
@@ -284,7 +284,7 @@ class StallLab:
         """Per-cycle callback (loop thread): count only; never touch a widget."""
         with self._lock:
             self.state.done += 1
-            self.state.stalled += int(bool(row.get("stalled")))
+            self.state.stalled_cycles += int(bool(row.get("stalled")))
             self.state.version += 1
 
     async def _follow(
@@ -337,7 +337,7 @@ class StallLab:
             if state.version == self._rendered:
                 return False
             self._rendered = state.version
-            total, done, stalled = state.total, state.done, state.stalled
+            total, done, stalled = state.total, state.done, state.stalled_cycles
             current, running, error = state.current, state.running, state.error
             result, elapsed = state.result, state.elapsed
         self.progress.max = max(total, 1)

@@ -9,6 +9,9 @@ One envd serves one sandbox (E2B's model), so the app maps URLs to sandboxes:
 - ``/sandboxes/<id>/...`` — the sandboxkit sandbox ``<id>``, so the SDK can drive a
   sandbox created (and paused, resumed...) through sandboxkit's own API:
   ``sandbox_url="http://127.0.0.1:PORT/sandboxes/sbx-1a2b3c4d"``.
+- ``.../live/...`` (after either form) — the same sandbox, but ``connect(pid)`` starts at
+  the live head, as E2B's envd does, instead of replaying the retained output: what an
+  E2B user sees (sandboxkit's E2B provider is tested against it).
 
 Auth: with a daemon token, every request must show it, as ``X-Access-Token`` (the header
 envd checks) or as the URL prefix ``/k/<token>`` (the SDK in debug mode sends no token
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import secrets
 import socket
 from collections.abc import Awaitable, Callable, Generator
@@ -116,17 +120,43 @@ class _TokenAuth:
         await self.app(scope, receive, send)
 
 
-def create_envd_app(host: Host, token: str | None) -> ASGIApp:
-    """The envd-compatible app on ``host`` (which its owner starts and closes)."""
+_LIVE = re.compile(r"^(/sandboxes/[^/]+)?/live(/.*)$")
+
+
+class _LiveHead:
+    """The ``/live`` path segment: strip it, and make a ``Connect`` start at the head (as
+    if the client had sent ``X-Sandboxkit-Cursor: head``) — envd's own semantics, where a
+    reader that reattaches gets only output produced after it reattached."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            match = _LIVE.match(scope["path"])
+            if match is not None:
+                headers = [(k, v) for k, v in scope["headers"] if k != b"x-sandboxkit-cursor"]
+                headers.append((b"x-sandboxkit-cursor", b"head"))
+                path = (match.group(1) or "") + match.group(2)
+                scope = {**scope, "path": path, "raw_path": None, "headers": headers}
+        await self.app(scope, receive, send)
+
+
+def create_envd_app(
+    host: Host, token: str | None, closers: list[Callable[[], None]] | None = None
+) -> ASGIApp:
+    """The envd-compatible app on ``host`` (which its owner starts and closes); what the
+    app holds beyond requests (directory watchers) is released by the callables it adds
+    to ``closers``."""
     sandboxes = _Sandboxes(host)
-    services: list[RpcService] = [
-        ProcessService(host, sandboxes.lookup),
-        FilesystemService(host, sandboxes.lookup),
-    ]
+    filesystem = FilesystemService(host, sandboxes.lookup)
+    if closers is not None:
+        closers.append(filesystem.close)
+    services: list[RpcService] = [ProcessService(host, sandboxes.lookup), filesystem]
     routes = _routes(sandboxes, services)
     app = Starlette(routes=[*routes, Mount("/sandboxes/{sid}", routes=routes)])
     app.state.sandboxes = sandboxes
-    return _TokenAuth(app, token)
+    return _TokenAuth(_LiveHead(app), token)
 
 
 class _Server(uvicorn.Server):
@@ -152,9 +182,10 @@ class EnvdServer:
         self.url = f"http://{self.bind}:{self.port}" + (f"/k/{token}" if token else "")
         """What the SDK's ``sandbox_url`` should be (the default sandbox); append
         ``/sandboxes/<id>`` for another sandbox."""
+        self._closers: list[Callable[[], None]] = []
         self._server = _Server(
             uvicorn.Config(
-                create_envd_app(host, token),
+                create_envd_app(host, token, self._closers),
                 log_level="warning",
                 access_log=False,
                 lifespan="off",  # the daemon's own app starts and closes the host
@@ -169,6 +200,8 @@ class EnvdServer:
             await self._server.serve(sockets=[self._sock])
         finally:
             self._sock.close()
+            for close in self._closers:
+                close()
 
     def stop(self) -> None:
         """Ask the server to exit (it finishes on its loop)."""

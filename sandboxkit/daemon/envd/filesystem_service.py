@@ -1,16 +1,23 @@
-"""envd's ``filesystem.Filesystem`` service (unary calls): ``Stat``, ``ListDir``,
-``MakeDir``, ``Move``, ``Remove`` — what the SDK's ``files.list``, ``exists``,
-``get_info``, ``make_dir``, ``rename`` and ``remove`` call. Paths resolve as in
-:mod:`sandboxkit.daemon.files` (inside the sandbox's directory). Watchers are not served.
+"""envd's ``filesystem.Filesystem`` service: ``Stat``, ``ListDir``, ``MakeDir``,
+``Move``, ``Remove`` — what the SDK's ``files.list``, ``exists``, ``get_info``,
+``make_dir``, ``rename`` and ``remove`` call — and directory watchers: the ``WatchDir``
+server stream (the async SDK's ``files.watch_dir``) and the polling ``CreateWatcher`` /
+``GetWatcherEvents`` / ``RemoveWatcher`` (the sync SDK's), both on inotify
+(:mod:`sandboxkit.daemon.dir_watch`). Paths resolve as in :mod:`sandboxkit.daemon.files`
+(inside the sandbox's directory).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import grp
 import os
 import pwd
+import secrets
 import shutil
 import stat
+import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timezone
 from pathlib import Path
@@ -19,10 +26,28 @@ from typing import Any
 from msgspec import Struct
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
-from sandboxkit.daemon.envd.connect import ConnectError, decode
-from sandboxkit.daemon.envd.process_service import RpcService
+from sandboxkit.daemon.dir_watch import DirWatcher, WatchBroken, WatchEvent
+from sandboxkit.daemon.envd.connect import (
+    STREAM_CONTENT_TYPE,
+    ConnectError,
+    EnvelopeReader,
+    decode,
+    end_stream,
+    envelope,
+)
+from sandboxkit.daemon.envd.process_service import (
+    RpcService,
+    SandboxLookup,
+    _disconnected,
+    _Out,
+    _read,
+    keepalive_interval,
+    timeout,
+)
 from sandboxkit.daemon.files import resolve
+from sandboxkit.daemon.host import Host
 from sandboxkit.daemon.sandbox import Sandbox
 from sandboxkit.errors import FileNotFound
 
@@ -41,6 +66,122 @@ class _ListDir(Struct):
 class _Move(Struct):
     source: str = ""
     destination: str = ""
+
+
+class _Watch(Struct, rename="camel"):
+    path: str = ""
+    recursive: bool = False
+    include_entry: bool = False
+    allow_network_mounts: bool = False
+
+
+class _WatcherId(Struct, rename="camel"):
+    watcher_id: str = ""
+
+
+MAX_WATCHERS = 256
+"""Polling watchers kept at once (the oldest idle one goes first past this)."""
+
+IDLE_WATCHER = 60.0
+"""Seconds a polling watcher lives without a ``GetWatcherEvents``: a client that forgot
+its ``RemoveWatcher`` does not keep an inotify descriptor forever."""
+
+_KINDS = {
+    "create": "EVENT_TYPE_CREATE",
+    "write": "EVENT_TYPE_WRITE",
+    "remove": "EVENT_TYPE_REMOVE",
+    "rename": "EVENT_TYPE_RENAME",
+    "chmod": "EVENT_TYPE_CHMOD",
+}
+
+
+def _event(root: Path, event: WatchEvent, include_entry: bool) -> dict[str, Any]:
+    name, kind = event
+    result: dict[str, Any] = {"name": name, "type": _KINDS[kind]}
+    if include_entry and kind not in ("remove", "rename"):
+        with contextlib.suppress(FileNotFound):  # gone again already: no entry
+            result["entry"] = entry_info(root / name)
+    return result
+
+
+def _broken(exc: WatchBroken) -> ConnectError:
+    return ConnectError("aborted", f"{exc}; start a new watch")
+
+
+class _Polled:
+    """A polling watcher and when it was last read."""
+
+    def __init__(self, sandbox_id: str, watcher: DirWatcher, include_entry: bool) -> None:
+        self.sandbox_id = sandbox_id
+        self.watcher = watcher
+        self.include_entry = include_entry
+        self.used = time.monotonic()
+
+
+class WatchStream(Response):
+    """A ``WatchDir`` response: ``start``, then one ``filesystem`` message per event,
+    keepalives at the client's interval, until it leaves, its deadline, or the watcher
+    breaks (``aborted``)."""
+
+    def __init__(
+        self,
+        watcher: DirWatcher,
+        include_entry: bool,
+        keepalive: float | None,
+        deadline: float | None,
+    ) -> None:
+        super().__init__(media_type=STREAM_CONTENT_TYPE)
+        self.watcher = watcher
+        self.include_entry = include_entry
+        self.keepalive = keepalive
+        self.deadline = deadline
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = [(b"content-type", STREAM_CONTENT_TYPE.encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        out = _Out(send)
+        tail = end_stream()
+        try:
+            await out.write(envelope({"start": {}}))
+            pump = asyncio.ensure_future(self._pump(out))
+            waiters = {pump, asyncio.ensure_future(_disconnected(receive))}
+            expiry: asyncio.Future[None] | None = None
+            if self.deadline is not None:
+                expiry = asyncio.ensure_future(asyncio.sleep(self.deadline))
+                waiters.add(expiry)
+            if self.keepalive is not None:
+                waiters.add(asyncio.ensure_future(_keepalives(out, self.keepalive)))
+            try:
+                await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in waiters:
+                    task.cancel()
+                await asyncio.gather(*waiters, return_exceptions=True)
+            if pump.done() and not pump.cancelled() and pump.exception() is not None:
+                error = pump.exception()
+                if isinstance(error, WatchBroken):
+                    tail = end_stream(_broken(error))
+                else:
+                    failed = f"internal error: {type(error).__name__}"
+                    tail = end_stream(ConnectError("internal", failed))
+            elif expiry is not None and expiry.done() and not expiry.cancelled():
+                expired = ConnectError("deadline_exceeded", "the watch reached its timeout")
+                tail = end_stream(expired)
+        finally:
+            self.watcher.close()
+            await out.finish(tail)
+
+    async def _pump(self, out: _Out) -> None:
+        while True:
+            for event in await self.watcher.next_events():
+                message = _event(self.watcher.root, event, self.include_entry)
+                await out.write(envelope({"filesystem": message}))
+
+
+async def _keepalives(out: _Out, interval: float) -> None:
+    while True:
+        await asyncio.sleep(interval)  # sleep-ok: the pace the client asked for
+        await out.write(envelope({"keepalive": {}}))
 
 
 def _name(lookup: Callable[[int], Any], ident: int) -> str:
@@ -83,9 +224,17 @@ def _is_root(sandbox: Sandbox, target: Path) -> bool:
 class FilesystemService(RpcService):
     """The ``filesystem.Filesystem`` handlers."""
 
+    def __init__(self, host: Host, lookup: SandboxLookup) -> None:
+        super().__init__(host, lookup)
+        self._watchers: dict[str, _Polled] = {}
+
     def routes(self) -> dict[str, Callable[[Request], Awaitable[Response]]]:
         """Method path → handler."""
         return {
+            "/filesystem.Filesystem/WatchDir": self._streaming(self.watch_dir),
+            "/filesystem.Filesystem/CreateWatcher": self._unary(self.create_watcher),
+            "/filesystem.Filesystem/GetWatcherEvents": self._unary(self.get_watcher_events),
+            "/filesystem.Filesystem/RemoveWatcher": self._unary(self.remove_watcher),
             "/filesystem.Filesystem/Stat": self._unary(self.stat),
             "/filesystem.Filesystem/ListDir": self._unary(self.list_dir),
             "/filesystem.Filesystem/MakeDir": self._unary(self.make_dir),
@@ -148,3 +297,80 @@ class FilesystemService(RpcService):
         else:
             raise FileNotFound(f"no such file or directory: {target}", path=str(target))
         return {}
+
+    # -- watchers ----------------------------------------------------------------------
+
+    async def _watcher(self, request: Request, message: _Watch) -> DirWatcher:
+        if message.allow_network_mounts:
+            raise ConnectError("invalid_argument", "sandboxkit watches local directories only")
+        root = await self._resolve(request, message.path or ".")
+        if not root.is_dir():
+            raise FileNotFound(f"no such directory: {root}", path=str(root))
+        try:
+            return DirWatcher(root, recursive=message.recursive)
+        except OSError as exc:  # e.g. the inotify limits of this host
+            raise ConnectError("unavailable", f"cannot watch {root}: {exc}") from exc
+
+    async def watch_dir(self, request: Request) -> Response:
+        body = await self._one_message(request, _Watch)
+        deadline = timeout(request)
+        watcher = await self._watcher(request, body)
+        return WatchStream(watcher, body.include_entry, keepalive_interval(request), deadline)
+
+    async def _one_message(self, request: Request, model: type[_Watch]) -> _Watch:
+        reader = EnvelopeReader()
+        found = reader.feed(await _read(request))
+        if len(found) != 1 or reader.pending:
+            raise ConnectError("invalid_argument", "expected exactly one request message")
+        return decode(found[0], model)
+
+    def _expire(self) -> None:
+        """Drop watchers idle too long, of killed sandboxes, and the oldest past the cap."""
+        now = time.monotonic()
+        for wid, polled in list(self._watchers.items()):
+            sandbox = self.host.sandboxes.get(polled.sandbox_id)
+            if now - polled.used > IDLE_WATCHER or sandbox is None or sandbox.state == "killed":
+                self._watchers.pop(wid).watcher.close()
+        while len(self._watchers) >= MAX_WATCHERS:
+            oldest = min(self._watchers, key=lambda w: self._watchers[w].used)
+            self._watchers.pop(oldest).watcher.close()
+
+    async def create_watcher(self, request: Request, body: bytes) -> dict[str, Any]:
+        message = decode(body, _Watch)
+        sandbox = await self.lookup(request, False)
+        self._expire()
+        watcher = await self._watcher(request, message)
+        wid = "w-" + secrets.token_hex(8)
+        self._watchers[wid] = _Polled(sandbox.sandbox_id, watcher, message.include_entry)
+        return {"watcherId": wid}
+
+    def _polled(self, wid: str) -> _Polled:
+        self._expire()
+        polled = self._watchers.get(wid)
+        if polled is None:
+            raise ConnectError("not_found", f"no watcher {wid!r} (removed, or idle too long)")
+        polled.used = time.monotonic()
+        return polled
+
+    async def get_watcher_events(self, request: Request, body: bytes) -> dict[str, Any]:
+        polled = self._polled(decode(body, _WatcherId).watcher_id)
+        try:
+            events = polled.watcher.take()
+        except WatchBroken as exc:
+            raise _broken(exc) from exc
+        root = polled.watcher.root
+        return {"events": [_event(root, e, polled.include_entry) for e in events]}
+
+    async def remove_watcher(self, request: Request, body: bytes) -> dict[str, Any]:
+        wid = decode(body, _WatcherId).watcher_id
+        polled = self._watchers.pop(wid, None)
+        if polled is None:
+            raise ConnectError("not_found", f"no watcher {wid!r}")
+        polled.watcher.close()
+        return {}
+
+    def close(self) -> None:
+        """Release every polling watcher."""
+        for polled in self._watchers.values():
+            polled.watcher.close()
+        self._watchers.clear()

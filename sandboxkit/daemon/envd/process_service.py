@@ -384,12 +384,20 @@ class ProcessService(RpcService):
             pty=body.pty is not None,
             timeout=deadline,
             tag=body.tag or None,
+            user=basic_user(request),
         )
+        size = body.pty.size if body.pty is not None else None
+        if size is not None and (size.cols, size.rows) != (0, 0):
+            _check_size(size)
         sandbox = await self.lookup(request, True)
         process = await sandbox.start_process(spec)
+        if size is not None and (size.cols, size.rows) != (0, 0):
+            process.resize_pty(size.cols, size.rows)
         if not body.stdin and body.pty is None:  # a pty always takes input (envd's too)
             process.close_stdin()
-        consumer = self.host.consumer(process, 0, name="envd start", peer=_peer(request), role=ROLE)
+        consumer = self.host.open_consumer(
+            process, 0, name="envd start", peer=_peer(request), role=ROLE
+        )
         return EventStream(self.host, consumer, keepalive_interval(request), deadline, process)
 
     async def connect(self, request: Request) -> Response:
@@ -409,7 +417,7 @@ class ProcessService(RpcService):
             except ValueError:
                 message = "X-Sandboxkit-Cursor must be a seq or head"
                 raise ConnectError("invalid_argument", message) from None
-        consumer = self.host.consumer(
+        consumer = self.host.open_consumer(
             process, cursor, name="envd connect", peer=_peer(request), role=ROLE
         )
         return EventStream(self.host, consumer, keepalive_interval(request), deadline)
@@ -489,10 +497,30 @@ class ProcessService(RpcService):
     async def update(self, request: Request, body: bytes) -> dict[str, Any]:
         message = decode(body, m.UpdateRequest)
         sandbox = await self.lookup(request, False)
-        self._process(sandbox, message.process)
-        if message.pty is not None:
-            raise ConnectError("unimplemented", "resizing a pty is not supported by sandboxkit")
+        process = self._process(sandbox, message.process)
+        if message.pty is not None and message.pty.size is not None:
+            _check_size(message.pty.size)
+            process.resize_pty(message.pty.size.cols, message.pty.size.rows)
         return {}
+
+
+def _check_size(size: m.PtySize) -> None:
+    if not (0 < size.cols < 65536 and 0 < size.rows < 65536):
+        raise ConnectError("invalid_argument", "a pty size needs 1-65535 columns and rows")
+
+
+def basic_user(request: Request) -> str | None:
+    """The user of envd's ``Authorization: Basic <user:>`` header (the e2b SDK sends the
+    ``user`` of a call there); ``None`` when absent or unreadable."""
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "basic" or not token:
+        return None
+    try:
+        decoded = base64.b64decode(token.strip(), validate=True).decode()
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return decoded.partition(":")[0] or None
 
 
 async def _read(request: Request) -> bytes:

@@ -1,4 +1,5 @@
-"""Tests for sandboxkit.daemon.tree: freezing whole sandbox process trees."""
+"""The freezer (sandboxkit.daemon.freezer): freezing, thawing and signalling every process
+of a sandbox, with either backend."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
@@ -13,15 +15,16 @@ from pathlib import Path
 
 import psutil
 import pytest
+from freezer_support import process_is_frozen
 
-from sandboxkit.daemon import tree as tree_mod
-from sandboxkit.daemon.tree import (
-    CgroupProcessTree,
-    ProcessTree,
-    SignalProcessTree,
+from sandboxkit._proc import pid_alive
+from sandboxkit.daemon.freezer import (
+    CgroupFreezer,
+    Freezer,
+    SignalFreezer,
     cgroup_v2_available,
-    make_process_tree,
-    process_is_frozen,
+    cgroupfs,
+    make_freezer,
 )
 
 # Writes its pid to <file>.pid, then an incrementing counter to <file> every 10 ms.
@@ -96,16 +99,18 @@ async def stays_constant(path: Path) -> None:
 
 
 class Sandbox:
-    """Spawns processes into a ProcessTree and tracks pids for cleanup."""
+    """Spawns processes into a Freezer and tracks pids for cleanup."""
 
-    def __init__(self, tree: ProcessTree, tmp: Path) -> None:
+    def __init__(self, tree: Freezer, tmp: Path) -> None:
         self.tree = tree
         self.tmp = tmp
         self.procs: list[asyncio.subprocess.Process] = []
         self.known: set[int] = set()
 
-    async def spawn(self, script: str) -> asyncio.subprocess.Process:
-        """Start ``sh -c script`` as a new leader of the tree."""
+    async def spawn(self, script: str, launch: str | None = None) -> asyncio.subprocess.Process:
+        """Start ``sh -c script`` as a new leader, as the daemon does: in a session of its
+        own, with the freezer's owner mark in its environment."""
+        launch = launch or f"launch-{len(self.procs)}"
         proc = await asyncio.create_subprocess_exec(
             *self.tree.launch_prefix(),
             "/bin/sh",
@@ -113,8 +118,9 @@ class Sandbox:
             script,
             start_new_session=True,
             stdin=asyncio.subprocess.DEVNULL,
+            env={**os.environ, **self.tree.launch_env(launch)},
         )
-        self.tree.add(proc.pid)
+        self.tree.add(proc.pid, launch)
         self.procs.append(proc)
         self.known.add(proc.pid)
         return proc
@@ -149,7 +155,7 @@ class Sandbox:
 @contextlib.asynccontextmanager
 async def sandbox(backend: str, tmp: Path) -> AsyncIterator[Sandbox]:
     """A Sandbox whose processes are always killed and whose tree is closed."""
-    sb = Sandbox(make_process_tree(f"test-{backend}", backend), tmp)
+    sb = Sandbox(make_freezer(f"test-{backend}", backend), tmp)
     try:
         yield sb
     finally:
@@ -171,12 +177,11 @@ async def test_freeze_thaw_kill_whole_tree(backend: str, tmp_path: Path) -> None
         # A double-forked one: the subshell exits, the counter is reparented.
         cmd2, orphan_out = sb.counter_cmd("orphan")
         orphan_parent = await sb.spawn(f"( nohup {cmd2} >/dev/null 2>&1 & ) ; exit 0")
-        outs = [child_out, orphan_out]
-        if backend == "cgroup":
-            # Even a process escaping into a new session stays in the cgroup.
-            cmd3, escaped_out = sb.counter_cmd("escaped")
-            await sb.spawn(f"( setsid {cmd3} >/dev/null 2>&1 & ) ; exit 0")
-            outs.append(escaped_out)
+        # One that escapes parentage and session: the cgroup holds it, the owner mark
+        # finds it.
+        cmd3, escaped_out = sb.counter_cmd("escaped")
+        await sb.spawn(f"( setsid {cmd3} >/dev/null 2>&1 & ) ; exit 0")
+        outs = [child_out, orphan_out, escaped_out]
 
         pids = [await sb.counter_pid(out) for out in outs]
         assert await asyncio.wait_for(orphan_parent.wait(), 5) == 0
@@ -211,7 +216,7 @@ async def test_freeze_thaw_kill_whole_tree(backend: str, tmp_path: Path) -> None
         tree.close()
         tree.close()  # idempotent
         assert tree.closed
-        if isinstance(tree, CgroupProcessTree):
+        if isinstance(tree, CgroupFreezer):
             assert not tree.path.exists()
 
 
@@ -297,22 +302,22 @@ async def test_process_is_frozen_plain_sigstop() -> None:
 @pytest.mark.timeout(30)
 def test_backend_selection(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SANDBOXKIT_FREEZER", "signals")
-    t = make_process_tree("sel")
+    t = make_freezer("sel")
     try:
-        assert isinstance(t, SignalProcessTree)
+        assert isinstance(t, SignalFreezer)
         assert t.backend == "signals"
         assert t.launch_prefix() == []
     finally:
         t.close()
 
     with pytest.raises(ValueError):
-        make_process_tree("sel", "bogus")
+        make_freezer("sel", "bogus")
     monkeypatch.setenv("SANDBOXKIT_FREEZER", "bogus")
     with pytest.raises(ValueError):
-        make_process_tree("sel")
+        make_freezer("sel")
 
     monkeypatch.setenv("SANDBOXKIT_FREEZER", "auto")
-    t = make_process_tree("sel")
+    t = make_freezer("sel")
     try:
         expected = "cgroup" if cgroup_v2_available() else "signals"
         assert t.backend == expected
@@ -321,16 +326,16 @@ def test_backend_selection(monkeypatch: pytest.MonkeyPatch) -> None:
 
     if not cgroup_v2_available():
         with pytest.raises(RuntimeError):
-            make_process_tree("sel", "cgroup")
+            make_freezer("sel", "cgroup")
         monkeypatch.setenv("SANDBOXKIT_FREEZER", "cgroup")
         with pytest.raises(RuntimeError):
-            make_process_tree("sel")
+            make_freezer("sel")
 
 
 @pytest.mark.timeout(30)
 @pytest.mark.skipif(not cgroup_v2_available(), reason="no cgroup v2 freezer")
 def test_cgroup_layout_and_stale_cleanup() -> None:
-    base = tree_mod._cgroup_base()
+    base = cgroupfs.cgroup_base()
     assert base is not None
     # A dead daemon's leftover parent (with an empty sandbox cgroup inside).
     dead = psutil.Popen(["true"])
@@ -341,12 +346,12 @@ def test_cgroup_layout_and_stale_cleanup() -> None:
     (stale / "sb-old").mkdir(parents=True)
     try:
         # Stale parents are removed when our own parent gets created.
-        assert tree_mod._rmdir_tree(own)
-        t = make_process_tree("a/b c", "cgroup")
-        t2 = make_process_tree("a/b c", "cgroup")
+        assert cgroupfs.rmdir_tree(own)
+        t = make_freezer("a/b c", "cgroup")
+        t2 = make_freezer("a/b c", "cgroup")
         try:
-            assert isinstance(t, CgroupProcessTree)
-            assert isinstance(t2, CgroupProcessTree)
+            assert isinstance(t, CgroupFreezer)
+            assert isinstance(t2, CgroupFreezer)
             assert not stale.exists()
             assert t.path.parent == own
             assert t.path.name == "sb-a_b_c"
@@ -363,3 +368,45 @@ def test_cgroup_layout_and_stale_cleanup() -> None:
         for d in (stale / "sb-old", stale):
             if d.exists():
                 d.rmdir()
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_launch_members_are_what_one_leader_started(backend: str, tmp_path: Path) -> None:
+    """A launch is its leader, what is below it and what escaped it; another launch of the
+    same sandbox is not part of it, and signalling a launch leaves the other running."""
+    async with sandbox(backend, tmp_path) as sb:
+        cmd, out = sb.counter_cmd("escaped")
+        first = await sb.spawn(f"( setsid {cmd} >/dev/null 2>&1 & ) ; exec sleep 60", "one")
+        other = await sb.spawn("sleep 60 & wait", "two")
+        escaped = await sb.counter_pid(out)
+        await wait_for(lambda: os.getsid(escaped) == escaped, what="the escapee's setsid")
+        await wait_for(lambda: len(sb.tree.launch_members("two")) == 2, what="the other")
+        assert set(sb.tree.launch_members("one")) == {first.pid, escaped}
+        others = set(sb.tree.launch_members("two"))
+        assert other.pid in others and not others & {first.pid, escaped}
+
+        sb.tree.signal_launch("one", signal.SIGKILL)
+        assert await asyncio.wait_for(first.wait(), 5) == -signal.SIGKILL
+        await wait_for(lambda: is_gone(escaped), what="the escapee to die")
+        assert all(not is_gone(pid) for pid in others)
+
+
+@pytest.mark.timeout(30)
+def test_pid_alive_says_no_to_a_zombie() -> None:
+    """The one liveness check (CLI, client, daemon): an exited process nobody reaped yet
+    is not running, though ``kill(pid, 0)`` still succeeds on it."""
+    proc = subprocess.Popen(["true"])
+    try:
+        wait_until_zombie = time.monotonic() + 5
+        while psutil.Process(proc.pid).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < wait_until_zombie, "true did not exit"
+            time.sleep(0.01)  # sleep-ok: poll interval
+        os.kill(proc.pid, 0)  # the kernel still knows the pid
+        assert not pid_alive(proc.pid)
+    finally:
+        proc.wait()
+    assert not pid_alive(proc.pid)
+    assert pid_alive(os.getpid())
+    assert not pid_alive(0)

@@ -12,7 +12,10 @@ import asyncio
 import contextlib
 import socket
 
-__all__ = ["GhostSink"]
+from sandboxkit.daemon.consumers import FrameSink
+from sandboxkit.lab_options import GHOST_BUFFER
+
+__all__ = ["GhostSink", "Relay"]
 
 
 class _FlowControl(asyncio.Protocol):
@@ -42,7 +45,7 @@ class GhostSink:
         self._peer = peer
 
     @classmethod
-    async def open(cls, buffer: int = 4096) -> GhostSink:
+    async def open(cls, buffer: int = GHOST_BUFFER) -> GhostSink:
         """A fresh ghost socket pair (the unread end is held by the sink)."""
         ours, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         for sock in (ours, peer):
@@ -67,3 +70,24 @@ class GhostSink:
         self._transport.abort()
         with contextlib.suppress(OSError):
             self._peer.close()
+
+
+class Relay:
+    """A consumer's transport that a snapshot restore can swap for a ghost: the consumer
+    sends into the relay, which sends into ``target``."""
+
+    def __init__(self, target: FrameSink) -> None:
+        self.target = target
+
+    async def send(self, data: bytes) -> None:
+        await self.target.send(data)
+
+    async def close(self) -> None:
+        await self.target.close()
+
+    def window_closed_for(self) -> float | None:
+        probe = getattr(self.target, "window_closed_for", None)
+        if probe is None:
+            return None
+        closed: float | None = probe()
+        return closed

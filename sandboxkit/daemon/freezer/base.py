@@ -1,0 +1,178 @@
+"""What every freezer does: hold all processes of one sandbox, freeze them, thaw them,
+signal them — all of them, or all that one launch started.
+
+A *launch* is one process the daemon starts (a leader) and everything it starts in turn.
+Killing or restarting that process must end all of it, including what escaped the
+leader's parentage and session, while the sandbox's other processes live on. Membership
+of a launch is decided here, once, for both backends: among the sandbox's members, the
+leader, its session, the processes whose owner mark (see
+:mod:`~sandboxkit.daemon.freezer.marks`) names the launch, and everything below those.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Final
+
+from sandboxkit.daemon.freezer.marks import MARK_VAR, Mark, MarkReader, daemon_ident, daemon_mark
+from sandboxkit.daemon.freezer.proc import Ident, ProcStat, ident_of, read_stat, send_to
+
+__all__ = ["DEFAULT_FREEZE_TIMEOUT", "Freezer"]
+
+DEFAULT_FREEZE_TIMEOUT: Final = 2.0
+"""Seconds allowed for a freeze to take effect."""
+
+_MAX_ROUNDS: Final = 100
+"""Signalling rescans while new processes keep appearing (a fork bomb ends the loop)."""
+
+
+class Freezer(abc.ABC):
+    """All processes of one sandbox, which can be frozen, thawed and signalled.
+
+    Usage: spawn each process as ``launch_prefix() + argv`` with ``launch_env(launch)`` in
+    its environment and ``start_new_session=True``, then call ``add(pid, launch)``.
+    """
+
+    backend: str
+    """``"cgroup"`` or ``"signals"``."""
+
+    def __init__(self, sandbox_id: str, freeze_timeout: float) -> None:
+        self.sandbox_id = sandbox_id
+        self.freeze_timeout = freeze_timeout
+        self._frozen = False
+        self._closed = False
+        self._marks = MarkReader()
+        self._launches: dict[str, Ident] = {}
+
+    # -- joining ---------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def launch_prefix(self) -> list[str]:
+        """The argv prefix to put before each process's argv (cgroup: a wrapper that joins
+        the sandbox's cgroup before ``exec``; signals: nothing)."""
+
+    def launch_env(self, launch: str) -> dict[str, str]:
+        """Environment for the process of ``launch``: its owner mark."""
+        return {MARK_VAR: str(daemon_mark(self.sandbox_id, launch))}
+
+    def add(self, pid: int, launch: str | None = None) -> None:
+        """Register a newly started leader (of ``launch``, when it has one)."""
+        if self._closed:
+            raise RuntimeError("freezer is closed")
+        self._adopt(pid)
+        if launch is not None and (ident := ident_of(pid)) is not None:
+            self._launches[launch] = ident
+
+    @abc.abstractmethod
+    def _adopt(self, pid: int) -> None:
+        """Make ``pid`` a member (the backend's part of :meth:`add`)."""
+
+    # -- membership ------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def members(self) -> dict[int, ProcStat]:
+        """Every live (non-zombie) process of the sandbox right now."""
+
+    def pids(self) -> list[int]:
+        """Every live process of the sandbox right now, sorted."""
+        return sorted(self.members())
+
+    def _is_ours(self, mark: Mark | None, launch: str | None = None) -> bool:
+        """True if ``mark`` names this sandbox of this daemon (and ``launch``, if given)."""
+        return (
+            mark is not None
+            and mark.sandbox_id == self.sandbox_id
+            and mark.daemon == daemon_ident()
+            and launch in (None, mark.launch)
+        )
+
+    def launch_members(self, launch: str) -> dict[int, ProcStat]:
+        """The live processes ``launch`` started, wherever they went since."""
+        members = self.members() if not self._closed else {}
+        leader = self._launches.get(launch)
+        # The leader's session (its sid is its pid) is the launch's while that pid is not
+        # someone else's: a session id is reserved while any process holds it, but once the
+        # session emptied, the pid may lead a new one.
+        session = None
+        if leader is not None:
+            now = read_stat(leader.pid)
+            session = leader.pid if now is None or now.starttime == leader.starttime else None
+        chosen: set[int] = set()
+        for st in members.values():
+            if (
+                st.ident == leader
+                or st.sid == session
+                or self._is_ours(self._marks.mark(st), launch)
+            ):
+                chosen.add(st.pid)
+        children: dict[int, list[int]] = {}
+        for st in members.values():
+            children.setdefault(st.ppid, []).append(st.pid)
+        stack = list(chosen)
+        while stack:
+            for child in children.get(stack.pop(), ()):
+                if child not in chosen:
+                    chosen.add(child)
+                    stack.append(child)
+        return {pid: members[pid] for pid in chosen}
+
+    # -- acting ----------------------------------------------------------------------
+
+    @property
+    def frozen(self) -> bool:
+        """True between a :meth:`freeze` and the next :meth:`thaw`."""
+        return self._frozen
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` has been called."""
+        return self._closed
+
+    @abc.abstractmethod
+    async def freeze(self) -> None:
+        """Stop every process of the sandbox and wait until they are stopped.
+
+        If they are not all stopped within ``freeze_timeout`` a warning is logged and the
+        freezer stays frozen (the stop still takes effect, e.g. once an uninterruptible
+        sleep ends).
+        """
+
+    @abc.abstractmethod
+    async def thaw(self) -> None:
+        """Continue every process of the sandbox."""
+
+    @abc.abstractmethod
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` to every live process of the sandbox.
+
+        While frozen only ``SIGKILL`` acts at once; other signals are delivered on thaw.
+        """
+
+    def signal_launch(self, launch: str, sig: int) -> None:
+        """Send ``sig`` to every live process ``launch`` started (see the module's
+        docstring), rescanning while new ones appear."""
+        if self._closed:
+            return
+        sent: set[Ident] = set()
+        for _ in range(_MAX_ROUNDS):
+            new = [st.ident for st in self.launch_members(launch).values()]
+            new = [ident for ident in new if ident not in sent]
+            if not new:
+                return
+            for ident in new:
+                sent.add(ident)
+                send_to(ident, sig)
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release what the freezer holds (the cgroup). Idempotent, never raises.
+
+        Processes are not killed (``signal(SIGKILL)`` first), but a frozen sandbox is
+        thawed, so nothing stays stopped forever.
+        """
+
+    def __repr__(self) -> str:
+        return (
+            f"<{type(self).__name__} {self.sandbox_id!r} backend={self.backend}"
+            f" frozen={self._frozen} closed={self._closed}>"
+        )

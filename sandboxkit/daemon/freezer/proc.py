@@ -1,0 +1,203 @@
+"""What ``/proc`` says about processes, read the way the freezer needs it: cheaply, without
+psutil on the hot path, and safe against a pid the kernel handed to someone else.
+
+A pid alone names a process only until it exits and the number is reused, so every
+identity here is ``(pid, start time)`` (:class:`Ident`), and every signal goes through a
+pidfd opened *before* the last check (:func:`send_verified`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+from sandboxkit._proc import pid_alive
+
+__all__ = [
+    "Ident",
+    "ProcStat",
+    "boot_ticks",
+    "ident_of",
+    "is_stopped",
+    "pid_alive",
+    "read_environ_var",
+    "read_stat",
+    "scan_processes",
+    "send_to",
+    "send_verified",
+    "stop_pending",
+]
+
+logger = logging.getLogger(__name__)
+
+_STOPPED_STATES: Final = frozenset({"T", "t"})
+_DEAD_STATES: Final = frozenset({"Z", "X", "x"})
+_CLOCK_TICKS: Final = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True, slots=True)
+class Ident:
+    """A process identity robust against pid reuse: start times differ."""
+
+    pid: int
+    starttime: int
+
+
+@dataclass(frozen=True, slots=True)
+class ProcStat:
+    """The fields of ``/proc/<pid>/stat`` the freezer needs."""
+
+    pid: int
+    state: str
+    ppid: int
+    sid: int
+    starttime: int
+    """Clock ticks after boot."""
+
+    @property
+    def alive(self) -> bool:
+        """True unless the process is a zombie or dead."""
+        return self.state not in _DEAD_STATES
+
+    @property
+    def ident(self) -> Ident:
+        return Ident(self.pid, self.starttime)
+
+
+def read_stat(pid: int | str) -> ProcStat | None:
+    """Parse ``/proc/<pid>/stat``; None if the process does not exist."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    # The command name may contain spaces and parentheses: split after the last ')'.
+    rest = data[data.rfind(b")") + 2 :].split()
+    try:
+        return ProcStat(
+            pid=int(data[: data.find(b" ")]),
+            state=rest[0].decode("ascii", "replace"),
+            ppid=int(rest[1]),
+            sid=int(rest[3]),
+            starttime=int(rest[19]),
+        )
+    except (IndexError, ValueError):
+        return None
+
+
+def ident_of(pid: int | str) -> Ident | None:
+    """The identity of a live process (``"self"`` works), or None."""
+    st = read_stat(pid)
+    return st.ident if st is not None and st.alive else None
+
+
+def scan_processes() -> dict[int, ProcStat]:
+    """Snapshot every process (thread-group leaders) listed in ``/proc``."""
+    result: dict[int, ProcStat] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return result
+    for name in names:
+        if name.isdigit() and (st := read_stat(name)) is not None:
+            result[st.pid] = st
+    return result
+
+
+def boot_ticks() -> int:
+    """Now, in the clock of ``ProcStat.starttime`` (ticks after boot), or a little before.
+
+    A process that started before this moment cannot have been started by what starts
+    after it; the freezer uses that to skip reading most processes' environments. Older
+    kernels count start times on the monotonic clock, newer ones on the boot-time clock;
+    the monotonic one is never ahead of the other, so nothing new is ever skipped.
+    """
+    return int(time.clock_gettime(time.CLOCK_MONOTONIC) * _CLOCK_TICKS)
+
+
+def read_environ_var(pid: int, name: str) -> str | None:
+    """The value of ``name`` in the environment ``pid`` was started with (as of its last
+    ``execve``), or None if absent or unreadable (another user's process, a kernel
+    thread, gone)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    key = name.encode() + b"="
+    for entry in data.split(b"\0"):
+        if entry.startswith(key):
+            return entry[len(key) :].decode("utf-8", "replace")
+    return None
+
+
+def send_verified(pid: int, sig: int, still_ours: Callable[[int], bool]) -> bool:
+    """Send ``sig`` to ``pid`` if ``still_ours(pid)`` holds; True if sent.
+
+    The pidfd is opened first and the check made afterwards, so the signal reaches exactly
+    the process that passed the check even if the pid is reused in between. Falls back to
+    :func:`os.kill` where pidfds are unsupported.
+    """
+    fd = -1
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        fd = -1  # ENOSYS/EINVAL: an old kernel
+    try:
+        if not still_ours(pid):
+            return False
+        if fd >= 0:
+            signal.pidfd_send_signal(fd, sig)
+        else:
+            os.kill(pid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        logger.debug("no permission to send signal %d to pid %d", sig, pid)
+        return False
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def send_to(ident: Ident, sig: int) -> bool:
+    """Send ``sig`` to the process ``ident`` names, unless its pid now names another."""
+
+    def same(pid: int) -> bool:
+        st = read_stat(pid)
+        return st is not None and st.alive and st.starttime == ident.starttime
+
+    return send_verified(ident.pid, sig, same)
+
+
+def stop_pending(pid: int) -> bool:
+    """True if ``SIGSTOP`` is pending for ``pid`` (per ``/proc/<pid>/status``)."""
+    bit = 1 << (signal.SIGSTOP - 1)
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith(("SigPnd:", "ShdPnd:")) and int(line.split()[1], 16) & bit:
+                    return True
+    except (OSError, ValueError, IndexError):
+        return False
+    return False
+
+
+def is_stopped(st: ProcStat) -> bool:
+    """True if the process is stopped, or can only stop next.
+
+    A process in uninterruptible sleep (``D``) with a pending ``SIGSTOP`` cannot run user
+    code again before stopping. This matters for ``vfork()``: the parent waits in ``D``
+    until its child execs, and never will if the child got stopped first.
+    """
+    if st.state in _STOPPED_STATES:
+        return True
+    return st.state == "D" and stop_pending(st.pid)

@@ -1,0 +1,198 @@
+"""The signals freezer, for where no cgroup v2 is writable: ``SIGSTOP``/``SIGCONT`` sent to
+each member, found in ``/proc``.
+
+Members are the registered leaders, everything below them (by parent pid), every process
+in a leader's session (double-forked daemons, reparented to init, keep it), and every
+process carrying the sandbox's owner mark (see :mod:`~sandboxkit.daemon.freezer.marks`;
+it catches what also left the session with ``setsid()``). A process cannot hide from all
+four unless it replaces its environment after leaving; the cgroup freezer has no such gap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+from collections.abc import Iterable
+from typing import Final
+
+from sandboxkit.daemon.freezer.base import DEFAULT_FREEZE_TIMEOUT, Freezer
+from sandboxkit.daemon.freezer.proc import (
+    Ident,
+    ProcStat,
+    boot_ticks,
+    is_stopped,
+    read_stat,
+    scan_processes,
+    send_to,
+)
+
+__all__ = ["SignalFreezer"]
+
+logger = logging.getLogger(__name__)
+
+_FIRST_RECHECK: Final = 0.0005
+_MAX_RECHECK: Final = 0.005
+
+
+class SignalFreezer(Freezer):
+    """A sandbox's processes tracked by parentage, session and owner mark; frozen with
+    ``SIGSTOP``."""
+
+    backend = "signals"
+
+    def __init__(self, sandbox_id: str, freeze_timeout: float = DEFAULT_FREEZE_TIMEOUT) -> None:
+        super().__init__(sandbox_id, freeze_timeout)
+        self._leaders: set[Ident] = set()
+        self._sids: set[int] = set()
+        self._stopped: set[Ident] = set()
+        self._own_sid = os.getsid(0)
+        # Nothing that started before the sandbox can carry its mark: older processes'
+        # environments need not be read.
+        self._born = boot_ticks() - 1
+
+    def launch_prefix(self) -> list[str]:
+        """No wrapper needed (always ``[]``)."""
+        if self._closed:
+            raise RuntimeError("freezer is closed")
+        return []
+
+    def _adopt(self, pid: int) -> None:
+        """Register a leader and its session.
+
+        A leader should be started with ``start_new_session=True``: one in the daemon's
+        own session is tracked without it. A leader that already exited (even reaped)
+        still counts: its session (``sid == pid``) may hold orphans.
+        """
+        if pid in (0, 1, os.getpid()):
+            raise ValueError(f"refusing to manage pid {pid}")
+        st = read_stat(pid)
+        if st is not None and st.alive:
+            self._leaders.add(st.ident)
+        # Gone already: assume it led its session. A session id cannot be reused while a
+        # process of that session remains, and sessions nobody holds are dropped next scan.
+        sid = st.sid if st is not None else pid
+        if sid in (0, 1, self._own_sid):
+            logger.warning("pid %d shares the daemon's session %d; not tracked by it", pid, sid)
+        else:
+            self._sids.add(sid)
+
+    def members(self) -> dict[int, ProcStat]:
+        """Live members right now (one scan of ``/proc``)."""
+        procs = scan_processes()
+        self._leaders = {
+            ident
+            for ident in self._leaders
+            if (st := procs.get(ident.pid)) is not None and st.starttime == ident.starttime
+        }
+        self._sids &= {st.sid for st in procs.values()}
+        excluded = {0, 1, os.getpid()}
+        roots = {ident.pid for ident in self._leaders}
+        for st in procs.values():
+            if st.sid in self._sids or (
+                st.starttime >= self._born and self._is_ours(self._marks.mark(st))
+            ):
+                roots.add(st.pid)
+        self._marks.forget_others(procs)
+        children: dict[int, list[int]] = {}
+        for st in procs.values():
+            children.setdefault(st.ppid, []).append(st.pid)
+        members: dict[int, ProcStat] = {}
+        stack = [p for p in roots if p not in excluded]
+        while stack:
+            pid = stack.pop()
+            if pid in members or pid in excluded or pid not in procs:
+                continue
+            members[pid] = procs[pid]
+            stack.extend(children.get(pid, ()))
+        return {pid: st for pid, st in members.items() if st.alive}
+
+    def _stop_new(self, members: Iterable[ProcStat]) -> bool:
+        """SIGSTOP members not stopped yet; True if any was new."""
+        found = False
+        for st in members:
+            if st.ident in self._stopped:
+                continue
+            found = True
+            self._stopped.add(st.ident)
+            send_to(st.ident, signal.SIGSTOP)
+        return found
+
+    async def freeze(self) -> None:
+        """SIGSTOP every member until no new one appears, then wait for them to stop."""
+        if self._closed:
+            raise RuntimeError("freezer is closed")
+        self._frozen = True
+        deadline = time.monotonic() + self.freeze_timeout
+        # A process forked between a scan and its parent's SIGSTOP is found by the next
+        # scan; once a scan finds nothing new, every member has a pending SIGSTOP (which
+        # makes a concurrent fork() restart), so no more members can appear.
+        while self._stop_new(self.members().values()):
+            if time.monotonic() >= deadline:
+                break
+        # Stopped processes must run to stop: usually within a scheduler tick. Each check
+        # is a scan of /proc, so the interval grows rather than spin.
+        recheck = _FIRST_RECHECK
+        while True:
+            members = self.members()
+            if not self._stop_new(members.values()) and all(
+                is_stopped(st) for st in members.values()
+            ):
+                return
+            if time.monotonic() >= deadline:
+                running = [p for p, s in members.items() if not is_stopped(s)]
+                logger.warning(
+                    "sandbox %s: pids %s not stopped after %.1fs",
+                    self.sandbox_id,
+                    running,
+                    self.freeze_timeout,
+                )
+                return
+            await asyncio.sleep(recheck)
+            recheck = min(recheck * 2, _MAX_RECHECK)
+
+    def _continue_all(self) -> None:
+        """SIGCONT every member and every process we stopped."""
+        members = self.members()
+        for st in members.values():
+            send_to(st.ident, signal.SIGCONT)
+        for ident in self._stopped:
+            if ident.pid not in members:
+                send_to(ident, signal.SIGCONT)
+        self._stopped.clear()
+        self._frozen = False
+
+    async def thaw(self) -> None:
+        """SIGCONT every member."""
+        if self._closed:
+            raise RuntimeError("freezer is closed")
+        self._continue_all()
+
+    def signal(self, sig: int) -> None:
+        """Signal every member, rescanning while new members appear."""
+        if self._closed:
+            return
+        sent: set[Ident] = set()
+        for _ in range(100):
+            new = [st.ident for st in self.members().values() if st.ident not in sent]
+            if not new:
+                break
+            for ident in new:
+                sent.add(ident)
+                send_to(ident, sig)
+
+    def close(self) -> None:
+        """Thaw if frozen and forget all state."""
+        if self._closed:
+            return
+        try:
+            if self._frozen:
+                self._continue_all()
+        except Exception:  # never raise from close
+            logger.exception("error thawing sandbox %s on close", self.sandbox_id)
+        self._closed = True
+        self._leaders.clear()
+        self._sids.clear()
+        self._stopped.clear()

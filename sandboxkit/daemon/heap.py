@@ -1,0 +1,74 @@
+"""Giving freed memory back to the system after large releases (glibc's ``malloc_trim``).
+
+CPython frees a released log's objects, but glibc's allocator keeps the pages it got for
+them when live objects are interleaved with the freed ones: the daemon's RSS measured
+878 MiB after its sandboxes were deleted, 38 MiB after one ``malloc_trim(0)``. The call
+costs milliseconds and is only useful after a large release, so it is made then, at most
+once per :data:`MIN_INTERVAL`, and only where the C library is glibc.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import platform
+import time
+from collections.abc import Callable
+
+__all__ = ["MIN_INTERVAL", "THRESHOLD", "released"]
+
+THRESHOLD = 1 << 20
+"""Releases smaller than this (bytes) are left to the allocator."""
+
+MIN_INTERVAL = 1.0
+"""Seconds between two trims, however many releases come in between."""
+
+
+def _find_trim() -> Callable[[int], int] | None:
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return trim
+
+
+_trim = _find_trim()
+_last = -MIN_INTERVAL
+_owed = 0
+_later: asyncio.TimerHandle | None = None
+
+
+def released(size: int) -> bool:
+    """Note that ``size`` bytes were just freed; trim the heap if that (with what was
+    freed since the last trim) is worth it. Returns whether it trimmed now.
+
+    Within :data:`MIN_INTERVAL` of the last trim, the trim is put off to the end of the
+    interval (on the running event loop, if any), so the last of a burst of releases is
+    given back too."""
+    global _last, _owed, _later
+    _owed += size
+    if _trim is None or _owed < THRESHOLD:
+        return False
+    wait = _last + MIN_INTERVAL - time.monotonic()
+    if wait <= 0:
+        if _later is not None:
+            _later.cancel()
+            _later = None
+        _last, _owed = time.monotonic(), 0
+        _trim(0)
+        return True
+    if _later is None:
+        with contextlib.suppress(RuntimeError):  # no running loop: the next release trims
+            _later = asyncio.get_running_loop().call_later(wait, _deferred)
+    return False
+
+
+def _deferred() -> None:
+    global _later
+    _later = None
+    released(0)

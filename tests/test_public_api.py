@@ -1,0 +1,164 @@
+"""The public surface: ``on_end=`` and ``handle.error`` (async and sync), the sandbox's and
+the process's described fields, and what the top-level package loads."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import sandboxkit
+from sandboxkit import AsyncCommandHandle, AsyncSandbox, CommandHandle, InvalidArgument, Sandbox
+
+HANG = 10.0
+
+
+@pytest.mark.timeout(30)
+async def test_on_end_after_the_last_line_with_the_exit(conn: dict[str, str]) -> None:
+    seen: list[Any] = []
+    ended = asyncio.Event()
+
+    def on_end(handle: AsyncCommandHandle) -> None:
+        seen.append((handle, handle.done, handle.exit_code, handle.error, list(lines)))
+        ended.set()
+
+    lines: list[str] = []
+    async with await AsyncSandbox.create(**conn) as sbx:
+        # The last line has no newline: it is delivered at the end, before on_end.
+        handle = await sbx.commands.run(
+            "printf 'one\\ntwo'; exit 3",
+            background=True,
+            on_stdout=lines.append,
+            on_end=on_end,
+        )
+        await asyncio.wait_for(ended.wait(), HANG)
+        assert seen == [(handle, True, 3, None, ["one", "two"])]
+
+        # Foreground: on_end is called before run() returns (here: raises).
+        calls: list[int | None] = []
+        with pytest.raises(Exception, match="exit code 4"):
+            await sbx.commands.run("exit 4", on_end=lambda h: calls.append(h.exit_code))
+        assert calls == [4]
+
+
+@pytest.mark.timeout(30)
+async def test_on_end_on_disconnect_and_on_error_and_async(conn: dict[str, str]) -> None:
+    async with await AsyncSandbox.create(**conn) as sbx:
+        info = await sbx.commands.start(["sh", "-c", "printf 'partial'; sleep 30"])
+        lines: list[str] = []
+        seen: list[tuple[Any, ...]] = []
+        got_partial = asyncio.Event()
+
+        def on_stdout(chunk: str) -> None:
+            lines.append(chunk)
+
+        handle = await sbx.commands.connect(
+            info.pid,
+            on_stdout=on_stdout,
+            on_end=lambda h: seen.append((h.done, h.exit_code, h.error, list(lines))),
+            on_stdout_bytes=lambda b: got_partial.set(),
+        )
+        await asyncio.wait_for(got_partial.wait(), HANG)
+        assert seen == []
+        await handle.disconnect()
+        # Disconnected: neither an exit nor an error; after the partial line was flushed.
+        assert seen == [(True, None, None, ["partial"])]
+
+        # A stream that ends with an error: on_end sees it in handle.error (async callback).
+        head = (await sbx.commands.get(info.pid)).head
+        errors: list[BaseException | None] = []
+        ended = asyncio.Event()
+
+        async def on_end(h: AsyncCommandHandle) -> None:
+            await asyncio.sleep(0)  # sleep-ok: a real await inside the callback
+            errors.append(h.error)
+            ended.set()
+
+        bad = await sbx.commands.connect(info.pid, cursor=head + 1, on_end=on_end)
+        await asyncio.wait_for(ended.wait(), HANG)
+        assert len(errors) == 1 and isinstance(errors[0], InvalidArgument)
+        assert bad.error is errors[0]
+        await sbx.commands.kill(info.pid)
+
+
+@pytest.mark.timeout(30)
+def test_sync_on_end_gets_the_same_handle_on_the_loop_thread(conn: dict[str, str]) -> None:
+    seen: list[tuple[CommandHandle, int | None, bool]] = []
+    ended = threading.Event()
+
+    def on_end(handle: CommandHandle) -> None:
+        seen.append((handle, handle.exit_code, threading.current_thread() is caller))
+        ended.set()
+
+    caller = threading.current_thread()
+    with Sandbox.create(**conn) as sbx:
+        handle = sbx.commands.run("echo hi", background=True, on_end=on_end)
+        assert ended.wait(HANG)
+        assert seen == [(handle, 0, False)]
+        assert handle.error is None and handle.done
+
+        ended.clear()
+        again = sbx.commands.connect(handle.pid, on_end=on_end)
+        assert ended.wait(HANG)
+        assert seen[-1][0] is again
+
+
+@pytest.mark.timeout(30)
+async def test_info_fields_say_what_the_daemon_reports(conn: dict[str, str]) -> None:
+    async with await AsyncSandbox.create(**conn) as sbx:
+        info = await sbx.get_info()
+        raw = info.raw
+        assert info.freezer == raw["freezer"] and info.freezer in {"cgroup", "signals"}
+        assert info.fanout == raw["fanout"] == "cursor"
+        assert info.lab is None  # a production sandbox
+        assert info.workdir == raw["workdir"]
+        process = await sbx.commands.start(["true"], timeout=30, tag="t")
+        assert (process.timeout, process.tag, process.kill_reason) == (30, "t", None)
+
+
+def test_importing_the_package_loads_no_client() -> None:
+    # The daemon shares the package: importing it (and the lab's and the widgets' packages)
+    # must not import httpx or pandas; a client name then loads on first use.
+    code = (
+        "import sys, sandboxkit, sandboxkit.lab, sandboxkit.notebook, sandboxkit.daemon.app\n"
+        "print(sorted(m for m in ('httpx', 'pandas', 'ipywidgets') if m in sys.modules))\n"
+        "from sandboxkit import Sandbox, CommandResult\n"
+        "import sandboxkit.client.results as r\n"
+        "assert CommandResult is r.CommandResult\n"
+        "print('httpx' in sys.modules, 'Sandbox' in dir(sandboxkit))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    ).stdout.split("\n")
+    assert out[:2] == ["[]", "True True"]
+
+
+def test_readme_layout_names_every_module_and_only_real_ones() -> None:
+    # The README's "where each concept lives" table: every path in it exists, and every
+    # module of the daemon and the client is in it.
+    repo = Path(sandboxkit.__file__).resolve().parents[1]
+    text = (repo / "README.md").read_text()
+    section = text.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    table = "\n".join(line for line in section.splitlines() if line.startswith("|"))
+    named: set[Path] = set()
+    base = repo
+    for row in table.splitlines()[2:]:
+        concept, where = (cell.strip() for cell in row.strip("|").split("|"))
+        if concept.startswith("**"):  # a layer: its own package is the base of what follows
+            packages = re.findall(r"`(sandboxkit/[\w/]+/)`", concept)
+            base = repo / packages[0] if packages else repo
+            continue
+        for token in re.findall(r"`([\w./]+(?:\.py|/))`", where):
+            path = (repo if token.startswith("sandboxkit/") else base) / token
+            assert path.exists(), f"README layout names {token}, which does not exist"
+            named.add(path.resolve())
+    for package in ("daemon", "client"):
+        for module in (repo / "sandboxkit" / package).glob("*.py"):
+            if module.name != "__init__.py":
+                assert module.resolve() in named, f"README layout lacks {package}/{module.name}"

@@ -1,0 +1,185 @@
+"""The stream reader below httpx: the chunked body is decoded exactly however the bytes are
+split, and whatever a server sends, the client raises only its typed errors."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sandboxkit.client.api import FrameStream
+from sandboxkit.client.raw_stream import BadChunk, ChunkedBody, open_raw_stream
+from sandboxkit.errors import DaemonUnavailable, MalformedFrame, SandboxkitError
+from sandboxkit.wire import Frame, FrameKind, encode_frame
+
+
+def _chunked(parts: list[bytes], extensions: list[bytes], trailers: list[bytes]) -> bytes:
+    out = b""
+    for i, part in enumerate(parts):
+        if part:
+            ext = extensions[i % len(extensions)] if extensions else b""
+            out += b"%x%s\r\n%s\r\n" % (len(part), ext, part)
+    out += b"0\r\n" + b"".join(t + b"\r\n" for t in trailers) + b"\r\n"
+    return out
+
+
+def _splits(data: bytes, cuts: list[int]) -> list[bytes]:
+    points = sorted({min(c, len(data)) for c in cuts})
+    return [data[a:b] for a, b in zip([0, *points], [*points, len(data)], strict=True)]
+
+
+def _decode(pieces: list[bytes]) -> tuple[bytes, ChunkedBody]:
+    body = ChunkedBody()
+    out: list[bytes] = []
+    for piece in pieces:
+        body.feed(piece, lambda view: out.append(bytes(view)))
+    return b"".join(out), body
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    parts=st.lists(st.binary(max_size=300), max_size=8),
+    extensions=st.lists(st.sampled_from([b"", b";a=1", b"; name", b' ;x="y"']), max_size=3),
+    trailers=st.lists(st.sampled_from([b"X-A: 1", b"Trailer-B: two"]), max_size=2),
+    cuts=st.lists(st.integers(0, 4000), max_size=12),
+)
+def test_chunked_body_survives_any_split(
+    parts: list[bytes], extensions: list[bytes], trailers: list[bytes], cuts: list[int]
+) -> None:
+    encoded = _chunked(parts, extensions, trailers)
+    got, body = _decode(_splits(encoded, cuts))
+    assert got == b"".join(parts)
+    assert body.done
+    with pytest.raises(BadChunk):  # nothing may follow the end
+        body.feed(b"x", lambda view: None)
+
+
+def test_chunked_body_byte_by_byte_and_unfinished() -> None:
+    encoded = _chunked([b"hello", b"\r\n\x00world"], [], [])
+    got, body = _decode([encoded[i : i + 1] for i in range(len(encoded))])
+    assert got == b"hello\r\n\x00world" and body.done
+    got, body = _decode([encoded[:-1]])
+    assert got == b"hello\r\n\x00world" and not body.done
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b"zz\r\nab\r\n",  # not hex
+        b"\r\nab\r\n",  # no size
+        b"2\nab\r\n",  # LF without CR
+        b"2\r\nabX\r\n",  # data not followed by CRLF
+        b"2\r\nab\rX",
+        b"1" * 17 + b"\r\n",  # a size past 64 bits
+        b"-1\r\n",
+        b"9" * 5000,  # a line without end
+    ],
+)
+def test_broken_chunk_framing_is_refused(bad: bytes) -> None:
+    with pytest.raises(BadChunk):
+        ChunkedBody().feed(bad, lambda view: None)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.lists(st.binary(max_size=64), max_size=6))
+def test_any_bytes_raise_only_bad_chunk(data: list[bytes]) -> None:
+    body = ChunkedBody()
+    with contextlib.suppress(BadChunk):
+        for piece in data:
+            body.feed(piece, lambda view: bytes(view))
+
+
+# -- the whole reader against a server sending anything ----------------------------------
+
+_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/x-sandboxkit-frames\r\n"
+_FRAMES = encode_frame(FrameKind.START, {"cursor": 0}) + encode_frame(
+    FrameKind.DATA, {"seq": 0}, b"\xffdata\xe2\x82"
+)
+
+
+@contextlib.asynccontextmanager
+async def _server(responses: list[bytes]) -> AsyncIterator[str]:
+    """A loopback server answering each connection with the next bytes of ``responses``
+    (sent in two writes, then closed)."""
+    queue = list(responses)
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        data = queue.pop(0)
+        writer.write(data[: len(data) // 2])
+        await writer.drain()
+        writer.write(data[len(data) // 2 :])
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def _read(url: str) -> list[Frame]:
+    """The frames of the stream, as the client reads them (``ApiClient.stream``)."""
+    frames: list[Frame] = []
+    async with open_raw_stream(url, "/stream", {}, {}) as stream:
+        batches = FrameStream(stream.chunks(), stream.batches() if stream.framed else None)
+        async for batch in batches.batches():
+            frames += batch
+    return frames
+
+
+async def test_a_chunked_body_is_read_as_frames() -> None:
+    body = _chunked([_FRAMES[:7], _FRAMES[7:30], _FRAMES[30:]], [b";x=1"], [b"T: 1"])
+    response = _HEAD + b"transfer-encoding: chunked\r\n\r\n" + body
+    async with _server([response, response]) as url:
+        async with open_raw_stream(url, "/stream", {}, {}) as stream:
+            assert stream.framed  # decoded below httpx and h11's body machinery
+        frames = await _read(url)
+    assert frames == [
+        Frame(FrameKind.START, {"cursor": 0}),
+        Frame(FrameKind.DATA, {"seq": 0}, b"\xffdata\xe2\x82"),
+    ]
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    body=st.binary(max_size=80)
+    | st.sampled_from([b"zz\r\n", b"2\r\nabX\r\n", b"1\nx", b"0\r\n\r\nmore"])
+    | st.builds(
+        lambda parts, cut: _chunked(parts, [], [])[:cut],
+        st.lists(st.sampled_from([_FRAMES, _FRAMES[:10], b"\x00" * 9, b"junk"]), max_size=3),
+        st.integers(0, 400),
+    ),
+    head=st.sampled_from(
+        [
+            _HEAD + b"transfer-encoding: chunked\r\n\r\n",
+            _HEAD + b"content-length: 5\r\n\r\n",
+            _HEAD + b"\r\n",
+            b"HTTP/1.1 404 Not Found\r\ncontent-length: 2\r\n\r\n",
+            b"garbage\r\n\r\n",
+        ]
+    ),
+)
+def test_any_response_raises_only_typed_errors(head: bytes, body: bytes) -> None:
+    async def attempt() -> None:
+        # Nothing escapes to the event loop either (an error in a protocol callback).
+        errors: list[dict[str, object]] = []
+        asyncio.get_running_loop().set_exception_handler(lambda _, ctx: errors.append(ctx))
+        async with _server([head + body]) as url:
+            with contextlib.suppress(DaemonUnavailable, MalformedFrame, SandboxkitError):
+                await _read(url)
+        assert not errors
+
+    asyncio.run(attempt())
