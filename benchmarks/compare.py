@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import contextlib
 import csv
+import importlib.util
 import os
 import shutil
 import signal
@@ -431,6 +432,23 @@ class Bench:
             )
         return out
 
+    def bare_fanout(self, source: str, size: int) -> dict[int, tuple[list[float], list[float]]]:
+        """The bare uvicorn app ``source`` at each consumer count: (GB/s, CPU-s per GB)."""
+        port = _free_port()
+        argv = [sys.executable, "-c", source, str(port), WRITER.format(blocks=size // CHUNK)]
+        out: dict[int, tuple[list[float], list[float]]] = {}
+        with running(argv, port) as proc:
+            for n in self.args.consumers:
+                rates, cpu = [], []
+                for _ in range(self.runs):
+                    before = cpu_seconds(proc.pid)
+                    rate = asyncio.run(bare_run(port, n))
+                    cpu_s = cpu_seconds(proc.pid) - before
+                    rates.append(rate / 1e9)
+                    cpu.append(cpu_s / (n * size / 1e9))
+                out[n] = (rates, cpu)
+        return out
+
     def p1(self, daemon: Any, extra_daemons: dict[str, Any]) -> None:
         size = (16 if self.quick else 64) * 1024 * 1024
         info = daemon[1]
@@ -441,25 +459,14 @@ class Bench:
             n: _measure(self.runs, None, lambda n=n: sdk_fanout(info.url, info.token, size, n))[0]
             for n in self.args.consumers
         }
-        bare_port = _free_port()
-        bare_argv = [
-            sys.executable,
-            "-c",
-            BARE_APP,
-            str(bare_port),
-            WRITER.format(blocks=size // CHUNK),
-        ]
-        bare: dict[int, tuple[list[float], list[float]]] = {}
-        with running(bare_argv, bare_port) as bare_proc:
-            for n in self.args.consumers:
-                rates, cpu = [], []
-                for _ in range(self.runs):
-                    before = cpu_seconds(bare_proc.pid)
-                    rate = asyncio.run(bare_run(bare_port, n))
-                    cpu_s = cpu_seconds(bare_proc.pid) - before
-                    rates.append(rate / 1e9)
-                    cpu.append(cpu_s / (n * size / 1e9))
-                bare[n] = (rates, cpu)
+        bare = self.bare_fanout(BARE_APP, size)
+        # The daemon serves on uvloop when it is installed (DaemonConfig.event_loop): then
+        # bare uvicorn on uvloop too, the like-for-like reference.
+        bare_uv = (
+            self.bare_fanout(BARE_APP.replace('loop="asyncio"', 'loop="uvloop"'), size)
+            if importlib.util.find_spec("uvloop") is not None
+            else None
+        )
         redis: dict[int, tuple[list[float], list[float]]] | None = None
         with redis_server() as found:
             if found is not None:
@@ -474,6 +481,9 @@ class Bench:
                          note="" if redis else REDIS_MISSING))  # fmt: skip
             self.add(Row("P1", f"fan-out {n} raw consumer(s)", "GB/s", ours[n][0],
                          "bare uvicorn", bare[n][0]))  # fmt: skip
+            if bare_uv is not None:
+                self.add(Row("P1", f"fan-out {n} raw consumer(s)", "GB/s", ours[n][0],
+                             "bare uvicorn + uvloop", bare_uv[n][0]))  # fmt: skip
             for name, v in variants.items():
                 self.add(
                     Row("P1", f"fan-out {n} raw consumer(s)", "GB/s", ours[n][0], name, v[n][0])
@@ -484,6 +494,9 @@ class Bench:
         top = max(self.args.consumers)
         self.add(Row("P7", f"daemon CPU-s per GB fanned out ({top})", "s/GB", ours[top][1],
                      "bare uvicorn", bare[top][1]))  # fmt: skip
+        if bare_uv is not None:
+            self.add(Row("P7", f"daemon CPU-s per GB fanned out ({top})", "s/GB",
+                         ours[top][1], "bare uvicorn + uvloop", bare_uv[top][1]))  # fmt: skip
         self.add(Row("P7", f"daemon CPU-s per GB fanned out ({top})", "s/GB", ours[top][1],
                      "redis-server", redis[top][1] if redis else None,
                      note="" if redis else REDIS_MISSING))  # fmt: skip
@@ -752,6 +765,12 @@ def main() -> None:
         help="a directory holding uvloop and httptools for the daemon (PYTHONPATH); P1 "
         "then also measures the daemon with and without them",
     )
+    parser.add_argument(
+        "--variant", action="append", default=[], metavar="NAME=SERVE_ARGS",
+        help="another daemon of this checkout that P1 also measures, started with extra "
+        "`sandboxkit serve` arguments, e.g. 'cache 8 MiB=--output-cache-bytes 8388608' "
+        "(repeatable)",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     # SIGTERM ends the run through the ``finally`` blocks that stop what it started.
@@ -773,6 +792,11 @@ def main() -> None:
         if args.baseline_daemon:
             extra["baseline daemon"] = stack.enter_context(
                 local_daemon(*retention, cwd=args.baseline_daemon.resolve())
+            )
+        for variant in args.variant:
+            name, _, serve_args = variant.partition("=")
+            extra[name] = stack.enter_context(
+                local_daemon(*retention, *serve_args.split(), env=main_env)
             )
         info = daemon[1]
         if "P1" in args.sections:

@@ -70,6 +70,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if server.envd is not None:
         # Like Jupyter's login URL: the token is in it, for the e2b SDK's sandbox_url.
         print(f"envd endpoint for the e2b SDK: {server.envd.url}", flush=True)
+        # E2B's control plane on the same port: the SDK outside its debug mode.
+        key = server.token or "any"
+        print(
+            f"E2B API for the e2b SDK: E2B_API_URL={server.envd.api_url} "
+            f"E2B_SANDBOX_URL={server.envd.sandbox_url} E2B_API_KEY={key}",
+            flush=True,
+        )
     server.run()
     return 0
 
@@ -375,8 +382,9 @@ def _parser() -> argparse.ArgumentParser:
         const=49983,
         default=None,
         metavar="PORT",
-        help="also serve an envd-compatible endpoint for the official e2b SDK in debug mode "
-        "(default port 49983, envd's; 0: any free one); see docs/e2b.md",
+        help="also serve an envd-compatible endpoint for the official e2b SDK in debug mode, "
+        "and E2B's control plane under /api for the SDK outside it (default port 49983, "
+        "envd's; 0: any free one); see docs/e2b.md",
     )
     serve.add_argument(
         "--freezer",

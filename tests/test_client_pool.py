@@ -25,15 +25,18 @@ from sandboxkit.wire import FrameKind, encode_frame
 async def test_sandboxes_share_one_pool_closed_with_the_last(conn: dict[str, str]) -> None:
     first = await AsyncSandbox.create(**conn)
     second = await AsyncSandbox.create(**conn)
-    http = first._api._http
-    assert second._api._http is http
+    pool = first._api._pool
+    assert pool is not None  # a loopback daemon: raw sockets, no httpx client
+    assert second._api._pool is pool
     await first.kill()
-    assert not http.is_closed  # the other sandbox still uses it
+    assert not pool.closed  # the other sandbox still uses it
     assert (await second.commands.run(["echo", "hi"])).stdout == "hi\n"
+    assert pool.connections >= 1
     await second.kill()
-    assert http.is_closed
+    assert pool.closed
+    assert pool.connections == 0  # every socket closed with it
     third = await AsyncSandbox.create(**conn)  # a new pool after the last one closed
-    assert third._api._http is not http
+    assert third._api._pool is not pool
     await third.kill()
 
 

@@ -41,6 +41,17 @@ def test_serve_envd_prints_the_url_the_sdk_uses(tmp_path: Path) -> None:
         assert url.startswith("http://127.0.0.1:") and "/k/" in url
         sbx = E2BSandbox.create(debug=True, sandbox_url=url)
         assert sbx.commands.run("echo from-cli").stdout == "from-cli\n"
+        # The control plane's line: the plain SDK, outside debug mode, with these settings.
+        line = re.search(r"E2B API for the e2b SDK: (.*)", output.read_text())
+        assert line is not None, output.read_text()
+        env_vars = dict(pair.split("=", 1) for pair in line.group(1).split())
+        cloud = E2BSandbox.create(
+            api_key=env_vars["E2B_API_KEY"],
+            api_url=env_vars["E2B_API_URL"],
+            sandbox_url=env_vars["E2B_SANDBOX_URL"],
+        )
+        assert cloud.commands.run("echo from-api").stdout == "from-api\n"
+        assert cloud.pause() and cloud.connect() and cloud.kill()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(15) in (0, -signal.SIGTERM)
     finally:

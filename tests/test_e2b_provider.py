@@ -182,16 +182,39 @@ def test_output_evicted_from_the_client_log_is_a_gap_with_its_true_size(envd_url
     the oldest kept byte is told exactly how many bytes it missed, then gets the rest."""
     sbx = Sandbox.create(provider="e2b", url=envd_url, provider_options={"keep_bytes": 2048})
     try:
-        result = sbx.commands.run("for i in $(seq 1000 1999); do echo $i; done")
+        # Four bursts (sleep-ok: the child's pace), so that the output reaches the client
+        # as several chunks, however the daemon batches a pipe's reads.
+        result = sbx.commands.run(
+            "for i in $(seq 1000 1999); do echo $i; [ $((i % 250)) = 249 ] && sleep 0.05; done"
+        )
         assert result.stdout.split() == [str(i) for i in range(1000, 2000)]  # read live
         gaps: list[GapInfo | UnknownGap] = []
         late = sbx.commands.connect(result.pid, cursor=0, on_gap=gaps.append).wait()
         assert len(gaps) == 1 and isinstance(gaps[0], GapInfo)
         kept = late.stdout.encode()
-        assert gaps[0].bytes_lost == 5000 - len(kept) and 0 < len(kept) <= 2048 + 5
+        # Exact count; what is kept is keep_bytes plus, at most, the newest chunk (kept
+        # whole, so a live reader never loses it), however the daemon cut the output.
+        assert gaps[0].bytes_lost == 5000 - len(kept) and 0 < len(kept) < 5000
         assert ("\n".join(str(i) for i in range(1000, 2000)) + "\n").endswith(late.stdout)
     finally:
         sbx.close()
+
+
+def test_pty_runs_through_the_sdks_pty_api_with_raw_bytes(sbx: Sandbox) -> None:
+    """``pty=True``: a terminal (``tty`` names one), its raw bytes (0xff is not UTF-8, and
+    E2B's pty output is bytes), stdin through the terminal, the command's exit code — and
+    none of the login shell's prompt or the typed line the provider drives it with."""
+    handle = sbx.commands.run(
+        "printf 'a\\377b\\n'; tty; read x; echo got $x; exit 3", pty=True, background=True
+    )
+    wait_until(lambda: b"/dev/" in handle.stream.stdout_bytes, what="the tty line")
+    sbx.commands.send_stdin(handle.pid, "hello\n")
+    with pytest.raises(CommandExitError, match="exit code 3"):
+        handle.wait(timeout=10)
+    out = handle.stream.stdout_bytes
+    assert out.startswith(b"a\xffb\r\n/dev/pts/") and out.endswith(b"hello\r\ngot hello\r\n")
+    assert b"printf" not in out and b"exec" not in out
+    assert sbx.commands.get(handle.pid).exit_code == 3
 
 
 def test_debug_mode_pause_is_a_typed_error_that_changes_nothing(sbx: Sandbox) -> None:
@@ -279,6 +302,40 @@ def test_panel_shows_a_gap_of_unknown_size_not_a_number(sbx: Sandbox, home: Sand
         snapshot = [bufs for msg, bufs in custom(panel) if msg["type"] == "snapshot"]
         assert b"amount unknown" in b"".join(snapshot[-1])
         assert not any("amount unknown" in line for line in panel.lines)  # not output
+    finally:
+        panel.close()
+        home.commands.kill(info.pid)
+
+
+def test_panel_knows_the_process_state_as_soon_as_it_attaches(sbx: Sandbox) -> None:
+    """Not "connecting" until the next poll: the provider's tap already knows the state."""
+    pid = sbx.commands.start("sleep 30").pid  # sleep-ok: a live process with no output
+    panel = ProcessPanel(sbx, pid)
+    try:
+        wait_until(lambda: panel.state.attached, what="the attach")
+        panel.flush()
+        assert panel.state.snapshot().shown_state == "running"
+        assert last_status(panel).startswith(f"pid {pid} · running"), last_status(panel)
+    finally:
+        panel.close()
+        sbx.commands.kill(pid)
+
+
+@pytest.mark.timeout(30)
+def test_reattach_before_any_output_shows_the_unknown_gap_once(sbx: Sandbox, home: Sandbox) -> None:
+    info = home.commands.start(["sh", "-c", "read x; echo late $x; sleep 30"])  # sleep-ok
+    panel = ProcessPanel(sbx, info.pid)
+    try:
+
+        def shows(text: str) -> bool:
+            panel.flush()
+            return text in screen(panel)
+
+        wait_until(lambda: shows("amount unknown"), what="the gap marker")
+        panel.on_reattach()  # nothing printed yet: the cursor is where the gap is
+        home.commands.send_stdin(info.pid, "now\n")
+        wait_until(lambda: shows("late now"), what="the line after the reattach")
+        assert screen(panel).count("output may be missing here, amount unknown") == 1
     finally:
         panel.close()
         home.commands.kill(info.pid)

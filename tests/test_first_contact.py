@@ -199,6 +199,42 @@ async def test_disconnect_returns_the_cursor_to_resume_from(conn: dict[str, str]
         assert first + second == [f"line {i:03d}" for i in range(60)]
 
 
+async def test_a_line_cut_by_a_disconnect_arrives_whole_after_the_reattach(
+    conn: dict[str, str],
+) -> None:
+    """The process has written half a line when the handle disconnects: the cursor carries
+    it, so the continuation delivers the line whole, not two pieces (or an empty line when
+    the cut fell just before the newline)."""
+    script = (
+        "import sys\n"
+        "for end in ('\\n', 'ef\\nlast\\n'):\n"
+        "    sys.stdout.write('abcd' if end == '\\n' else '')\n"
+        "    sys.stdout.flush()\n"
+        "    sys.stdin.readline()\n"
+        "    sys.stdout.write(end)\n"
+        "    sys.stdout.flush()\n"
+    )
+    async with await AsyncSandbox.create(**conn) as sbx:
+        for cut_before_newline in (True, False):
+            first: list[str] = []
+            handle = await sbx.commands.run(
+                [sys.executable, "-u", "-c", script], background=True, on_stdout=first.append
+            )
+            await poll(lambda h=handle: h.stdout == "abcd", 10, "half a line")
+            if cut_before_newline:
+                cursor = await handle.disconnect()
+                await handle.send_stdin("go\n")  # writes the newline, then waits again
+            else:
+                await handle.send_stdin("go\n")
+                await poll(lambda h=handle: h.stdout == "abcd\n", 10, "the newline")
+                cursor = await handle.disconnect()
+            second: list[str] = []
+            again = await sbx.commands.connect(handle.pid, cursor=cursor, on_stdout=second.append)
+            await again.send_stdin("go\n")
+            await again.wait()
+            assert first + second == ["abcd", "ef", "last"], (cut_before_newline, first, second)
+
+
 async def test_wait_after_disconnect_names_the_cursor(conn: dict[str, str]) -> None:
     async with await AsyncSandbox.create(**conn) as sbx:
         handle = await sbx.commands.run("sleep 30", background=True)

@@ -199,36 +199,45 @@ class TimedRpcClient(JsonRpcClient):
         self.arrivals: list[float] = []
 
     def feed(self, text: str) -> None:
-        self.arrivals.append(time.monotonic())
+        # Wall-clock time, to be set against the daemon's event timestamps.
+        self.arrivals.append(time.time())
         super().feed(text)
 
 
 @dataclass
 class Refresh:
-    elapsed: float
-    """Seconds from sending the three requests to the last answer."""
-    silence: float
-    """Total of the pauses longer than 0.1 s in which the client received nothing."""
+    started: float
+    """When the three requests were sent (wall clock)."""
+    arrivals: list[float]
+    """When each piece of the answers arrived (wall clock)."""
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds from sending the three requests to the last answer."""
+        return self.arrivals[-1] - self.started
+
+    def silence_within(self, start: float, end: float) -> float:
+        """Seconds of ``start .. end`` in which the client received nothing."""
+        marks = [self.started, *self.arrivals]
+        return sum(max(0.0, min(b, end) - max(a, start)) for a, b in itertools.pairwise(marks))
 
 
 async def _refresh(client: TimedRpcClient) -> Refresh:
     client.arrivals.clear()
-    started = time.monotonic()
+    started = time.time()
     results = await asyncio.gather(
         *(client.request(method, {}, deadline=10.0) for method in REFRESH)
     )
-    elapsed = time.monotonic() - started
     assert len(results) == len(REFRESH)
-    marks = [started, *client.arrivals]
-    pauses = [b - a for a, b in itertools.pairwise(marks)]
-    return Refresh(elapsed, sum(p for p in pauses if p > 0.1))
+    return Refresh(started, list(client.arrivals))
 
 
 async def _kick_run(
     conn: dict[str, str], ghosts: int, grace: float
-) -> tuple[Refresh, Refresh, list[dict[str, Any]]]:
+) -> tuple[list[dict[str, Any]], Refresh, list[dict[str, Any]]]:
     """In a fresh ``kick`` sandbox: a refresh with no ghost, then ``ghosts`` leaky clients
-    attach and the same refresh again; both timings, and the kicks of the second."""
+    attach and the same refresh again; the kicks during the first, the second's timings
+    and its kicks."""
     sbx = await AsyncSandbox.create(lab=LabOptions(fanout="kick", kick_grace=grace), **conn)
     made: list[LeakyClient] = []
     client: TimedRpcClient | None = None
@@ -241,7 +250,8 @@ async def _kick_run(
         client = TimedRpcClient(sbx, server.pid, cursor=0)
         await client.start()
         await client.request("initialize", {}, deadline=10.0)
-        baseline = await _refresh(client)
+        await _refresh(client)
+        baseline_kicks = [e for e in await sbx.raw_events() if e["kind"] == "consumer.kicked"]
         for _ in range(ghosts):
             made.append(
                 await asyncio.to_thread(
@@ -252,7 +262,7 @@ async def _kick_run(
         since = int(events[-1]["seq"]) + 1 if events else 0
         ghosted = await _refresh(client)
         kicks = [e for e in await sbx.raw_events(since) if e["kind"] == "consumer.kicked"]
-        return baseline, ghosted, kicks
+        return baseline_kicks, ghosted, kicks
     finally:
         if client is not None:
             await client.close()
@@ -266,36 +276,38 @@ async def test_kick_delays_a_refresh_by_k_times_the_grace_one_ghost_after_anothe
     conn: dict[str, str],
 ) -> None:
     grace = 0.5
-    base1, one, one_kicks = await _kick_run(conn, 1, grace)
-    base2, two, two_kicks = await _kick_run(conn, 2, grace)
-    timings = (
-        f"k=0: {base1.elapsed:.3f}s/{base2.elapsed:.3f}s "
-        f"(silent {base1.silence:.3f}s/{base2.silence:.3f}s), "
-        f"k=1: {one.elapsed:.3f}s (silent {one.silence:.3f}s), "
-        f"k=2: {two.elapsed:.3f}s (silent {two.silence:.3f}s)"
-    )
+    quiet1, one, one_kicks = await _kick_run(conn, 1, grace)
+    quiet2, two, two_kicks = await _kick_run(conn, 2, grace)
+    # What is asserted is cause and order, read off the daemon's kick events and the
+    # client's arrival times, not how long a refresh takes: on a loaded machine any
+    # refresh can pause for most of a second with no ghost at all.
 
+    # No ghost, nothing kicked: the shared loop never waited a grace out.
+    assert quiet1 == [] and quiet2 == [], (quiet1, quiet2)
     # Each ghost is kicked once, for its full queue, after the grace; the healthy client
     # never is.
     for kicks, k in ((one_kicks, 1), (two_kicks, 2)):
-        assert len(kicks) == k, (timings, kicks)
+        assert len(kicks) == k, kicks
         assert all(e["reason"] == "queue_full" for e in kicks), kicks
         assert all(e["data"]["name"] == "ghost-leaky" for e in kicks), kicks
         assert all(e["data"]["blocked_for"] == pytest.approx(grace) for e in kicks), kicks
-    # No ghost, no wait: the same refresh flows without a pause anywhere near the grace.
-    for base in (base1, base2):
-        assert base.silence < 0.5 * grace, timings
-    # k ghosts: the healthy client waits about k x grace with nothing arriving, and the
-    # refresh cannot finish before the graces ran out ...
-    for refresh, base, k in ((one, base1, 1), (two, base2, 2)):
-        assert 0.7 * k * grace <= refresh.silence <= k * grace + 1.5, timings
-        assert 0.95 * k * grace <= refresh.elapsed <= base.elapsed + k * grace + 1.5, timings
+    for refresh, kicks in ((one, one_kicks), (two, two_kicks)):
+        windows = [(e["ts"] - e["data"]["blocked_for"], e["ts"]) for e in kicks]
+        # The kicks happen during the refresh, and it cannot finish before the graces
+        # ran out ...
+        assert all(refresh.started <= start for start, _ in windows), (refresh, kicks)
+        assert refresh.arrivals[-1] >= max(end for _, end in windows), (refresh, kicks)
+        # ... and while the shared loop waits out a ghost's grace, the healthy client gets
+        # nothing: it is the ghost that holds the refresh up (the tail of what was already
+        # in its queue and socket may still land at the window's start).
+        for start, end in windows:
+            silent = refresh.silence_within(start, end)
+            assert silent >= 0.7 * (end - start), (silent, refresh, kicks)
     # ... serially, inside the one shared loop: the second ghost's grace starts when the
     # first one's is over, so two ghosts cost about twice one.
     first, second = sorted(e["ts"] for e in two_kicks)
     assert second - first >= 0.8 * grace, two_kicks
-    assert two.silence - one.silence >= 0.7 * grace, timings
-    assert 1.4 <= two.silence / one.silence <= 3.0, timings
+    assert two.elapsed >= 2 * 0.95 * grace and one.elapsed >= 0.95 * grace, (one, two)
 
 
 # -- 4. the client-side ghosts wedge blocking too --------------------------------------

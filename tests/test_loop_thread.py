@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from sandboxkit.client import loop_thread
 from sandboxkit.client.loop_thread import LoopThread, shared_loop_thread
 
 WAIT = 5.0  # upper bound for waiting on events; never used as synchronisation by itself
@@ -109,11 +110,12 @@ def test_keyboard_interrupt_cancels_coroutine(
 ) -> None:
     started, cancelled = threading.Event(), threading.Event()
 
-    def interrupted_result(self: concurrent.futures.Future[Any], timeout: Any = None) -> Any:
+    def interrupted_wait(self: Any, timeout: Any = None) -> Any:
         assert started.wait(WAIT)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(concurrent.futures.Future, "result", interrupted_result)
+    # The wait run() blocks in (Ctrl-C lands there).
+    monkeypatch.setattr(loop_thread._Call, "wait", interrupted_wait)
     with pytest.raises(KeyboardInterrupt):
         lt.run(_block_forever(started, cancelled))
     monkeypatch.undo()

@@ -66,9 +66,11 @@ async def test_on_end_on_disconnect_and_on_error_and_async(conn: dict[str, str])
         )
         await asyncio.wait_for(got_partial.wait(), HANG)
         assert seen == []
-        await handle.disconnect()
-        # Disconnected: neither an exit nor an error; after the partial line was flushed.
-        assert seen == [(True, None, None, ["partial"])]
+        cursor = await handle.disconnect()
+        # Disconnected: neither an exit nor an error; the unfinished line goes on with the
+        # cursor, for the handle that continues from it.
+        assert seen == [(True, None, None, [])]
+        assert cursor is not None and cursor.stdout_line == "partial"
 
         # A stream that ends with an error: on_end sees it in handle.error (async callback).
         head = (await sbx.commands.get(info.pid)).head

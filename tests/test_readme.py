@@ -143,6 +143,8 @@ def test_python_block_runs_as_written(index: int, tmp_path: Path, state_file: Pa
         assert out.strip().splitlines()[-1] == "['running']", out
     if "debug=True" in code:
         assert "hello from e2b" in out and "['1', '2', '3']" in out, out
+    if "api_url" in code:
+        assert "resumed" in out and "True" in out, out
     if 'provider="e2b"' in code:
         assert "['line 1', 'line 2', 'line 3']" in out and "as seen by this client" in out, out
     if "compare(" in code:

@@ -37,7 +37,7 @@ async def test_text_split_across_reattaches_is_exact(conn: dict[str, str]) -> No
         raw: list[bytes] = []
         handles: list[AsyncCommandHandle] = []
         cursor: int | None = 0
-        reattaches = 0
+        reattaches = split = 0
         while True:
             # Each handle takes a few chunks, then its callback waits until it is
             # disconnected: reattach points fall all over the output.
@@ -53,19 +53,25 @@ async def test_text_split_across_reattaches_is_exact(conn: dict[str, str]) -> No
                     await asyncio.Event().wait()  # until disconnect() cancels it
 
             handle = await sbx.commands.connect(
-                info.pid, cursor, on_stdout=take, on_stdout_bytes=raw.append, lines=False
+                info.pid,
+                cursor,
+                on_stdout=take,
+                on_stdout_bytes=raw.append,
+                lines=False,
+                on_end=lambda _handle, full=full: full.set(),  # the process exited
             )
             handles.append(handle)
-            waiter = asyncio.ensure_future(full.wait())
-            await asyncio.wait([waiter, handle._task], return_when=asyncio.FIRST_COMPLETED)
-            waiter.cancel()
+            await full.wait()
             if handle.done:
                 break
             cursor = await handle.disconnect()
             reattaches += 1
+            split += bool(cursor is not None and cursor.stdout_tail)
         result = await handle.wait()
 
-    assert reattaches > 50
+    # Enough reattaches, and some of them inside a character (the case this is about); how
+    # many depends on the machine's pace (writes made while no one reads are joined).
+    assert reattaches >= 20 and split >= 3, (reattaches, split)
     assert "\ufffd" not in "".join(text)
     assert "".join(text) == TEXT
     assert "".join(h.stdout for h in handles) == TEXT

@@ -188,3 +188,26 @@ async def test_pty_stdin_goes_through_the_bounded_buffer_too(host: Host) -> None
     process.close_stdin()  # EOF character: cat exits
     assert await process.wait(10) == 0
     assert process.to_json()["stdin_buffered"] == 0
+
+
+async def test_pty_stdin_is_bounded_and_drains_once_the_child_reads(host: Host) -> None:
+    """A pty's input is written by the daemon itself (not a pipe transport): a child that
+    reads nothing still gets at most ``stdin_buffer`` held for it, then StdinBusy, and what
+    is held goes to the child once it reads."""
+    host.config.stdin_buffer = LIMIT
+    host.config.stdin_wait = 0.2
+    sandbox = await host.create_sandbox()
+    process = await sandbox.start_process(ProcessSpec(argv=("cat",), pty=True))
+    await sandbox.pause()  # frozen: the terminal's input queue fills, then the daemon holds
+    line = b"x" * 1023 + b"\n"  # lines: a terminal in canonical mode caps a line at 4 KiB
+    with pytest.raises(StdinBusy) as busy:
+        for seq in range(64):
+            await process.write_stdin("s", seq, line * (BATCH // len(line)))
+    assert busy.value.limit == LIMIT
+    assert 0 < process.stdin_buffered <= LIMIT
+    assert not process.stdin_drained.is_set()
+    await sandbox.resume()
+    await poll(lambda: process.stdin_buffered == 0, 10, "the held input reaches cat")
+    assert process.stdin_drained.is_set()
+    process.close_stdin()
+    assert await process.wait(10) == 0

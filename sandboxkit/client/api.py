@@ -11,8 +11,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import msgspec
 
 from sandboxkit.client.raw_stream import RawStream, open_raw_stream
+from sandboxkit.client.raw_unary import RawPool, encode_query
 from sandboxkit.errors import (
     DaemonUnavailable,
     MalformedFrame,
@@ -53,38 +55,64 @@ def http_options(url: str) -> dict[str, Any]:
 
 @dataclass
 class _Shared:
-    http: httpx.AsyncClient
+    """One daemon's connections: kept-alive raw sockets (a plain-HTTP daemon on
+    loopback, see raw_unary) or else an httpx client."""
+
+    http: httpx.AsyncClient | None
+    pool: RawPool | None
     users: int = 0
 
+    @property
+    def closed(self) -> bool:
+        if self.pool is not None:
+            return self.pool.closed
+        assert self.http is not None
+        return self.http.is_closed
 
-# One httpx client (one connection pool) per event loop and daemon, shared by every
-# ApiClient of the process on that loop; closed when the last of them closes.
+    async def aclose(self) -> None:
+        if self.pool is not None:
+            await self.pool.aclose()
+        if self.http is not None:
+            await self.http.aclose()
+
+
+# One connection pool per event loop and daemon, shared by every ApiClient of the
+# process on that loop; closed when the last of them closes.
 _shared: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str], _Shared]] = (
     weakref.WeakKeyDictionary()
 )
+
+
+def _new_shared(url: str, token: str | None, users: int = 0) -> _Shared:
+    if url.startswith(_LOOPBACK_HTTP):
+        return _Shared(None, RawPool(url, _auth(token)), users)
+    return _Shared(_new_http(url, token), None, users)
 
 
 def _acquire(url: str, token: str | None) -> _Shared:
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:  # built outside a loop: a pool of its own
-        return _Shared(_new_http(url, token), 1)
+        return _new_shared(url, token, 1)
     pools = _shared.setdefault(loop, {})
     key = (url, token or "")
     entry = pools.get(key)
-    if entry is None or entry.http.is_closed:
-        entry = pools[key] = _Shared(_new_http(url, token))
+    if entry is None or entry.closed:
+        entry = pools[key] = _new_shared(url, token)
     entry.users += 1
     return entry
+
+
+def _auth(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 def _new_http(
     url: str, token: str | None, transport: httpx.AsyncBaseTransport | None = None
 ) -> httpx.AsyncClient:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
     return httpx.AsyncClient(
         base_url=url,
-        headers=headers,
+        headers=_auth(token),
         timeout=_TIMEOUT,
         limits=_LIMITS,
         transport=transport,
@@ -97,8 +125,11 @@ class ApiClient:
 
     Every ApiClient of a process talking to the same daemon on the same event loop shares
     one connection pool (so a new sandbox costs no new client and no new connection); it
-    closes with the last of them. ``transport`` is any httpx transport, with a pool of its
-    own: tests may pass ``httpx.MockTransport`` to script responses.
+    closes with the last of them. A plain-HTTP daemon on loopback (the local one) is
+    talked to over sockets of our own, below httpx (raw_unary for JSON calls, raw_stream
+    for streams); anything else (TLS, a proxy) goes through httpx. ``transport`` is any
+    httpx transport, with a pool of its own: tests may pass ``httpx.MockTransport`` to
+    script responses.
     """
 
     def __init__(
@@ -114,21 +145,29 @@ class ApiClient:
         self._timeout = timeout
         self._closed = False
         self._streams: set[httpx.Response] = set()
-        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
-        # Streams below httpx (see raw_stream) where httpx would talk plain TCP to
-        # loopback anyway (no TLS, no proxy).
-        self._raw = transport is None and self.url.startswith(_LOOPBACK_HTTP)
+        self._headers = _auth(token)
         self._raw_streams: set[RawStream] = set()
         if transport is None:
             self._shared = _acquire(self.url, token)
         else:
-            self._shared = _Shared(_new_http(self.url, token, transport), 1)
-        self._http = self._shared.http
+            self._shared = _Shared(_new_http(self.url, token, transport), None, 1)
+        # Below httpx (raw_unary, raw_stream) where httpx would talk plain TCP to
+        # loopback anyway (no TLS, no proxy); else httpx.
+        self._pool = self._shared.pool
+        self._raw = self._pool is not None
+        self._http_client = self._shared.http
+        self._connect_timeout = timeout.connect
+        self._read_timeout = timeout.read
+
+    @property
+    def _http(self) -> httpx.AsyncClient:
+        assert self._http_client is not None, "a raw-socket client has no httpx client"
+        return self._http_client
 
     @property
     def closed(self) -> bool:
         """True once :meth:`aclose` ran."""
-        return self._closed or self._http.is_closed
+        return self._closed or self._shared.closed
 
     async def aclose(self) -> None:
         """Close this client: any stream it left open, and the connection pool if no
@@ -142,7 +181,7 @@ class ApiClient:
             raw.close()
         self._shared.users -= 1
         if self._shared.users <= 0:
-            await self._http.aclose()
+            await self._shared.aclose()
 
     def _check_open(self) -> None:
         if self.closed:
@@ -152,6 +191,18 @@ class ApiClient:
         """One JSON request; raises the typed error the daemon answered with."""
         query = {k: v for k, v in params.items() if v is not None}
         self._check_open()
+        pool = self._pool
+        if pool is not None:
+            body = None if json is None else _encode_json(json)
+            raw = await pool.request(
+                method,
+                path,
+                encode_query(query) if query else "",
+                body,
+                connect_timeout=self._connect_timeout,
+                timeout=self._read_timeout,
+            )
+            return _raw_json_or_raise(raw.status, raw.body)
         try:
             response = await self._http.request(
                 method, path, json=json, params=query, timeout=self._timeout
@@ -231,6 +282,27 @@ async def _body(response: httpx.Response) -> AsyncIterator[bytes]:
             yield data
     except httpx.TransportError as exc:
         raise DaemonUnavailable(f"stream broke: {exc!r}", url=str(response.url)) from exc
+
+
+_encode_json = msgspec.json.encode
+_decode_json = msgspec.json.decode
+
+
+def _raw_json_or_raise(status: int, content: bytes) -> Any:
+    """As :func:`_json_or_raise`, for a response read below httpx."""
+    body: Any = None
+    json = bool(content)
+    if json:
+        try:
+            body = _decode_json(content)
+        except msgspec.DecodeError:
+            json = False
+    if status >= 400:
+        error: SandboxkitError = error_from_wire(body, status)
+        raise error
+    if content and not json:
+        raise MalformedFrame(f"daemon answered with non-JSON (HTTP {status})")
+    return body
 
 
 def _json_or_raise(response: httpx.Response) -> Any:

@@ -167,16 +167,13 @@ class AsyncCommandHandle:
 
     async def disconnect(self) -> Cursor | None:
         """Stop following output; the process keeps running. Returns the cursor to resume
-        from, exactly after the last output delivered here — with the bytes of a character
-        split there, so text continues exactly:
+        from, exactly after the last output received here — with the bytes of a character
+        and the start of a line cut there, so text and lines continue exactly:
         ``commands.connect(pid, cursor=await handle.disconnect())``."""
-        self._disconnecting = True  # on_end waits for the last lines, below
+        self._disconnecting = True
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
-        try:
-            await self.stream.flush_lines()
-        finally:
-            self._end()
+        self._end()
         return self.cursor
 
     def _stream_ended(self, task: asyncio.Task[Any]) -> None:

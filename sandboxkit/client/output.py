@@ -25,21 +25,40 @@ _decode = codecs.utf_8_decode
 
 class Cursor(int):
     """Where a stream stopped: the sequence number of the next chunk (an ``int``, usable
-    wherever a cursor is) carrying the bytes of a character split at that point, so that
-    a stream continued from it (``commands.connect(pid, cursor=...)``) decodes that
-    character whole. Arithmetic on it gives a plain ``int`` (and drops those bytes)."""
+    wherever a cursor is) carrying what was cut there, so that a stream continued from it
+    (``commands.connect(pid, cursor=...)``) delivers it whole: the bytes of a split
+    character, and the start of a line whose newline had not come yet (a line-by-line
+    ``on_stdout`` gets that line once, whole, from the continuing handle). Arithmetic on
+    it gives a plain ``int`` (and drops what it carries)."""
 
     stdout_tail: bytes
     stderr_tail: bytes
+    stdout_line: str
+    stderr_line: str
 
-    def __new__(cls, seq: int, stdout_tail: bytes = b"", stderr_tail: bytes = b"") -> Cursor:
+    def __new__(
+        cls,
+        seq: int,
+        stdout_tail: bytes = b"",
+        stderr_tail: bytes = b"",
+        *,
+        stdout_line: str = "",
+        stderr_line: str = "",
+    ) -> Cursor:
         cursor = super().__new__(cls, seq)
         cursor.stdout_tail = stdout_tail
         cursor.stderr_tail = stderr_tail
+        cursor.stdout_line = stdout_line
+        cursor.stderr_line = stderr_line
         return cursor
 
     def __repr__(self) -> str:
-        return f"Cursor({int(self)}, {self.stdout_tail!r}, {self.stderr_tail!r})"
+        lines = (
+            f", stdout_line={self.stdout_line!r}, stderr_line={self.stderr_line!r}"
+            if self.stdout_line or self.stderr_line
+            else ""
+        )
+        return f"Cursor({int(self)}, {self.stdout_tail!r}, {self.stderr_tail!r}{lines})"
 
     __str__ = int.__repr__  # str(cursor) is the number, as in a query string
 

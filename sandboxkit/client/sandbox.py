@@ -5,11 +5,10 @@ from __future__ import annotations
 import asyncio
 import builtins
 from types import TracebackType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 import msgspec
-import pandas as pd
 
 from sandboxkit.client.api import ApiClient
 from sandboxkit.client.commands import AsyncCommands
@@ -19,6 +18,11 @@ from sandboxkit.client.results import SandboxInfo
 from sandboxkit.client.tasks import TaskOwner
 from sandboxkit.errors import InvalidArgument, SandboxNotFound
 from sandboxkit.lab_options import LabOptions
+
+if TYPE_CHECKING:
+    # Imported where a frame is built: pandas takes about a second to import, which every
+    # CLI command and client process would pay.
+    import pandas as pd
 
 __all__ = ["DEFAULT_TIMEOUT", "AsyncSandbox", "consumers_frame", "events_frame"]
 
@@ -278,6 +282,8 @@ class AsyncSandbox:
 
 def events_frame(events: list[dict[str, Any]]) -> pd.DataFrame:
     """Events as a DataFrame with a datetime ``time`` column."""
+    import pandas as pd
+
     frame: pd.DataFrame = pd.DataFrame(
         events, columns=["seq", "ts", "kind", "sandbox_id", "pid", "reason", "data"]
     )
@@ -289,6 +295,8 @@ def events_frame(events: list[dict[str, Any]]) -> pd.DataFrame:
 
 def consumers_frame(consumers: list[dict[str, Any]]) -> pd.DataFrame:
     """Consumer metrics as a DataFrame."""
+    import pandas as pd
+
     frame: pd.DataFrame = pd.DataFrame(consumers, columns=_CONSUMER_COLUMNS)
     frame["pid"] = frame["pid"].astype("Int64")
     return frame

@@ -205,6 +205,8 @@ class ProcessStream:
         self.gaps: list[GapInfo] = []
         self._keepalive: float | None = None
         tails = (cursor.stdout_tail, cursor.stderr_tail) if isinstance(cursor, Cursor) else ()
+        if isinstance(cursor, Cursor):  # a line the previous handle saw begin
+            self._partial = {"stdout": cursor.stdout_line, "stderr": cursor.stderr_line}
         self.output = {
             target: StreamOutput(keep_output, tail)
             for target, tail in zip(("stdout", "stderr"), tails or (b"", b""), strict=True)
@@ -216,7 +218,13 @@ class ProcessStream:
         character split there (see :class:`~sandboxkit.client.output.Cursor`)."""
         if self._seq is None:
             return None
-        return Cursor(self._seq, self.output["stdout"].tail, self.output["stderr"].tail)
+        return Cursor(
+            self._seq,
+            self.output["stdout"].tail,
+            self.output["stderr"].tail,
+            stdout_line=self._partial["stdout"],
+            stderr_line=self._partial["stderr"],
+        )
 
     @property
     def stdout(self) -> str:
@@ -455,10 +463,12 @@ class ProcessStream:
         callback = self.on_stderr if target == "stderr" else self.on_stdout
         if callback is None:
             return
+        partial = self._partial[target]
         if not self.lines:
+            if partial:  # carried over by the cursor from a line-by-line handle
+                text, self._partial[target] = partial + text, ""
             await _call(callback, text)
             return
-        partial = self._partial[target]
         joined = partial + text if partial else text
         if "\n" in text:
             *complete, rest = joined.split("\n")
@@ -485,8 +495,8 @@ class ProcessStream:
         await self.flush_lines()
 
     async def flush_lines(self) -> None:
-        """Hand the callbacks any line received without its newline yet (on the end of the
-        output, and when a handle disconnects: the cursor has moved past it)."""
+        """Hand the callbacks any line received without its newline yet, at the end of the
+        output (a handle that disconnects passes it on in its :attr:`cursor` instead)."""
         for target in ("stdout", "stderr"):
             rest, self._partial[target] = self._partial[target], ""
             callback = self.on_stderr if target == "stderr" else self.on_stdout

@@ -11,10 +11,9 @@ import builtins
 import threading
 from collections.abc import Callable, Coroutine, Iterable
 from types import TracebackType
-from typing import Any, Literal, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import httpx
-import pandas as pd
 
 from sandboxkit.client.commands import AsyncCommandHandle, AsyncCommands
 from sandboxkit.client.files import Files
@@ -26,6 +25,9 @@ from sandboxkit.client.sandbox import DEFAULT_TIMEOUT, AsyncSandbox
 from sandboxkit.client.stdin import StdinSession
 from sandboxkit.client.stream import BytesCallback, OnGap, OutputCallback, ProcessStream
 from sandboxkit.lab_options import LabOptions
+
+if TYPE_CHECKING:
+    import pandas as pd  # (see client/sandbox.py: imported only to build a frame)
 
 __all__ = ["CommandHandle", "Commands", "Sandbox", "SyncStdinSession"]
 

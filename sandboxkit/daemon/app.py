@@ -67,7 +67,7 @@ from sandboxkit.errors import (
 )
 from sandboxkit.wire import CONTENT_TYPE
 
-__all__ = ["JsonResponse", "create_app"]
+__all__ = ["DaemonApp", "JsonResponse", "create_app"]
 
 Handler = Callable[[Request], Awaitable[Response]]
 M = TypeVar("M", bound=Struct)
@@ -160,7 +160,9 @@ class _AsgiSink:
             # to write. Wait for the disconnect to cancel this stream rather than drop
             # bytes in a loop that never yields.
             await self._gone.wait()
-        transport.write(b"".join([b"%x\r\n" % size, *parts, b"\r\n"]))
+        # One chunk of the chunked body. ``writelines``: uvloop hands the parts to the
+        # socket as they are (one gathered send, no join); asyncio joins them, once.
+        transport.writelines([b"%x\r\n" % size, *parts, b"\r\n"])
 
     async def send(self, data: bytes) -> None:
         if self._cycle is not None and data:
@@ -723,30 +725,91 @@ class BearerAuth:
         self.expected = f"Bearer {token}".encode() if token else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and self.expected is not None:
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not secrets.compare_digest(given, self.expected):
-                error = Unauthorized("missing or wrong bearer token")
-                await _error_response(error)(scope, receive, send)
-                return
+        if scope["type"] == "http" and not self.allows(scope):
+            await self.refuse(scope, receive, send)
+            return
         await self.app(scope, receive, send)
 
+    def allows(self, scope: Scope) -> bool:
+        """Whether the request carries the token (or none is needed)."""
+        if self.expected is None:
+            return True
+        given = b""
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                given = value
+                break
+        return secrets.compare_digest(given, self.expected)
 
-class _ExposeCycle:
+    @staticmethod
+    async def refuse(scope: Scope, receive: Receive, send: Send) -> None:
+        error = Unauthorized("missing or wrong bearer token")
+        await _error_response(error)(scope, receive, send)
+
+
+def _expose_cycle(scope: Scope, send: Send) -> None:
     """Puts uvicorn's request cycle into the scope, for a stream to read its socket's state
     (a peer that takes no more bytes shows as blocked at once, not once the server's
     buffers are full) and to write body chunks straight to its connection. uvicorn's
     ``send`` is a method of that cycle; a server whose ``send`` has not the same shape
     (transport, flow control, disconnected) gets the plain ASGI path."""
+    cycle = getattr(send, "__self__", None)
+    if all(hasattr(cycle, name) for name in ("transport", "flow", "disconnected")):
+        scope[_CYCLE] = cycle
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
+
+_Route = tuple[tuple[tuple[int, str], ...], tuple[tuple[int, str], ...], Handler]
+"""A compiled path template: (index, literal) segments, (index, name) parameters, handler."""
+
+
+class DaemonApp:
+    """The daemon's ASGI app: bearer auth, then the endpoint table's routes called directly.
+
+    A unary request's daemon CPU is mostly per-request machinery, not its handler: Starlette's
+    router tries each route's regex in turn, and its two exception middlewares wrap every
+    ``send``. Here a request whose method and path match the table is matched by its path
+    segments and its handler called with a plain :class:`~starlette.requests.Request`;
+    everything else (unknown paths, wrong methods, ``HEAD``, the lifespan) goes to the
+    Starlette app built from the same table, so its answers are unchanged."""
+
+    def __init__(
+        self, fallback: ASGIApp, routes: list[tuple[str, str, Handler]], token: str | None
+    ) -> None:
+        self.app = fallback
+        """The Starlette app of the same table: what the fast path does not serve."""
+        self.auth = BearerAuth(fallback, token)
+        self._routes: dict[tuple[str, int], list[_Route]] = {}
+        for method, path, handler in routes:
+            parts = path.split("/")
+            literals = tuple((i, p) for i, p in enumerate(parts) if not p.startswith("{"))
+            params = tuple((i, p[1:-1]) for i, p in enumerate(parts) if p.startswith("{"))
+            self._routes.setdefault((method, len(parts)), []).append((literals, params, handler))
+
+    def match(self, method: str, path: str) -> tuple[Handler, dict[str, str]] | None:
+        """The handler and path parameters of a request, if the table has its route."""
+        parts = path.split("/")
+        for literals, params, handler in self._routes.get((method, len(parts)), ()):
+            if all(parts[i] == literal for i, literal in literals) and all(
+                parts[i] for i, _ in params
+            ):
+                return handler, {name: parts[i] for i, name in params}
+        return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        cycle = getattr(send, "__self__", None)
-        if all(hasattr(cycle, name) for name in ("transport", "flow", "disconnected")):
-            scope[_CYCLE] = cycle
-        await self.app(scope, receive, send)
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if not self.auth.allows(scope):
+            await self.auth.refuse(scope, receive, send)
+            return
+        _expose_cycle(scope, send)
+        found = None if scope.get("root_path") else self.match(scope["method"], scope["path"])
+        if found is None:
+            await self.app(scope, receive, send)
+            return
+        handler, scope["path_params"] = found
+        response = await handler(Request(scope, receive))
+        await response(scope, receive, send)
 
 
 def create_app(host: Host, token: str | None) -> ASGIApp:
@@ -761,12 +824,10 @@ def create_app(host: Host, token: str | None) -> ASGIApp:
         finally:
             await host.close()
 
-    routes = [
-        Route(ep.path, _guarded(ep.handler, host), methods=[ep.method]) for ep in api.endpoints()
-    ]
+    table = [(ep.method, ep.path, _guarded(ep.handler, host)) for ep in api.endpoints()]
     app = Starlette(
-        routes=routes,
+        routes=[Route(path, handler, methods=[method]) for method, path, handler in table],
         lifespan=lifespan,
         exception_handlers={HTTPException: _http_error},
     )
-    return _ExposeCycle(BearerAuth(app, token))
+    return DaemonApp(app, table, token)

@@ -42,10 +42,15 @@ class DaemonConfig:
     (Beyond it, up to a sixteenth of it in the index of evicted output, for exact gap
     sizes, and one segment file kept for reuse.) Memory is ``output_cache_bytes``, not
     this: it can be raised to gigabytes."""
-    output_cache_bytes: int = 1024 * 1024
+    output_cache_bytes: int = 8 * 1024 * 1024
     """Memory per process for its newest output (encoded frames), from which consumers that
     keep up are served; those further behind read from the segment files (the page cache).
-    What a process's output costs the daemon's memory, with some kB of bookkeeping."""
+    What a process's output costs the daemon's memory, with some kB of bookkeeping (a
+    process that wrote less holds less). 8 MiB, not 1: at full producer speed the
+    consumers of a fast writer drain at their sockets' pace and fall several MiB behind
+    it; with 1 MiB each re-read the same chunks from the files, 21-28 % of the daemon's
+    CPU at 16 consumers (py-spy), 8-9 % with 8 MiB, and the daemon's CPU per GB fanned
+    out fell by about a quarter (benchmarks/compare.py, P7, ``--variant``)."""
     output_on_disk: bool = True
     """Keep output logs in segment files (above). ``False`` keeps every retained chunk in
     memory instead, as the log did before: ``retention_bytes`` then bounds memory (each
@@ -86,14 +91,14 @@ class DaemonConfig:
     """A stdin session unused this long is forgotten (its exactly-once window)."""
     stdin_sessions: int = 100_000
     """Live stdin sessions per process; past it new sessions get ``stdin_busy``."""
-    event_loop: str = field(
-        default_factory=lambda: os.environ.get("SANDBOXKIT_EVENT_LOOP", "asyncio")
-    )
-    """``asyncio`` (default), ``uvloop``, or ``auto`` (uvloop when installed: ``pip install
-    'sandboxkit[fast]'``); ``$SANDBOXKIT_EVENT_LOOP`` sets the default. Not uvloop by
-    default: under it a pty process's stdin and an env key with a lone surrogate fail
-    (tests/test_lifecycle.py, tests/test_validation.py), and it was no faster here
-    (benchmarks/compare.py measures both)."""
+    event_loop: str = field(default_factory=lambda: os.environ.get("SANDBOXKIT_EVENT_LOOP", "auto"))
+    """``auto`` (default: uvloop when installed, ``pip install 'sandboxkit[fast]'``, else
+    asyncio's own loop), ``asyncio`` or ``uvloop``; ``$SANDBOXKIT_EVENT_LOOP`` sets the
+    default. uvloop's transports write without copying into a Python buffer: at 16 consumers
+    the daemon's CPU per GB fanned out was 0.55-0.71 s with it, 0.91-0.93 s without (same
+    run, h11 both, py-spy: asyncio's socket ``write``/``_write_ready`` were ~40 % of the
+    daemon). Once opt-in because a pty process's stdin failed under it (fixed: the daemon
+    writes a pty's input itself, tests/test_send_path.py)."""
     http: str = field(default_factory=lambda: os.environ.get("SANDBOXKIT_HTTP", "auto"))
     """uvicorn's HTTP implementation: ``auto`` (httptools when installed, as with
     ``sandboxkit[fast]``), ``h11`` or ``httptools``; ``$SANDBOXKIT_HTTP`` sets the default."""

@@ -95,19 +95,74 @@ class _Capture(asyncio.SubprocessProtocol):
             self.pipes_closed.set_result(None)
 
 
-class _PtyWriter(asyncio.BaseProtocol):
-    """Flow control of a PTY's input side, like the stdin pipe's."""
+class _PtyInput(asyncio.WriteTransport):
+    """A pty process's stdin: written to the pty master with ``os.write``, the rest buffered
+    and flushed when the master is writable (``loop.add_writer``), bounded like a pipe's
+    (``stdin_drained`` is clear while anything waits here).
 
-    def __init__(self, process: ManagedProcess) -> None:
+    Not ``loop.connect_write_pipe`` on a dup of the master: uvloop's write-pipe transport
+    reads its fd to notice the peer closing, and on a pty master that read takes the
+    child's output away from the output reader (tests/test_lifecycle.py under
+    ``SANDBOXKIT_EVENT_LOOP=uvloop``)."""
+
+    def __init__(self, process: ManagedProcess, master: int) -> None:
+        super().__init__()
         self._process = process
+        self._fd = master
+        self._loop = asyncio.get_running_loop()
+        self._buffer = bytearray()
+        self._closing = False
+        os.set_blocking(master, False)
 
-    def pause_writing(self) -> None:
-        self._process.stdin_drained.clear()
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self._closing or not data:
+            return
+        if not self._buffer:
+            written = self._os_write(data)
+            if written is None or written == len(data):
+                return
+            data = memoryview(data)[written:]
+            self._loop.add_writer(self._fd, self._flush)
+            self._process.stdin_drained.clear()
+        self._buffer += data
 
-    def resume_writing(self) -> None:
-        self._process.stdin_drained.set()
+    def _os_write(self, data: bytes | bytearray | memoryview) -> int | None:
+        """Bytes the master took; ``None``: it is gone (the child side closed, EIO)."""
+        try:
+            return os.write(self._fd, data)
+        except BlockingIOError:
+            return 0
+        except OSError:
+            self.abort()
+            return None
 
-    def connection_lost(self, exc: Exception | None) -> None:
+    def _flush(self) -> None:
+        written = self._os_write(self._buffer)
+        if written is None:
+            return
+        del self._buffer[:written]
+        if not self._buffer:
+            self._loop.remove_writer(self._fd)
+            self._process.stdin_drained.set()
+
+    def get_write_buffer_size(self) -> int:
+        return len(self._buffer)
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass  # always high=0: drained means nothing waits here
+
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def close(self) -> None:
+        self.abort()
+
+    def abort(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        self._buffer.clear()
+        self._loop.remove_writer(self._fd)
         self._process.stdin_drained.set()
 
 
@@ -285,12 +340,8 @@ class ManagedProcess:
                     lambda: pty_reader,
                     os.fdopen(os.dup(master), "rb", buffering=0),
                 )
-                # Input through a transport too: buffered without blocking the loop, and
-                # bounded like a pipe's (the master is non-blocking once the reader has it).
-                writer, _ = await loop.connect_write_pipe(
-                    lambda: _PtyWriter(self), os.fdopen(os.dup(master), "wb", buffering=0)
-                )
-                self._stdin_pipe = writer
+                # Input buffered without blocking the loop, bounded like a pipe's.
+                self._stdin_pipe = _PtyInput(self, master)
             else:
                 transport, _ = await loop.subprocess_exec(
                     lambda: capture,
@@ -308,7 +359,8 @@ class ManagedProcess:
         _widen_pipes(transport)
         if self._stdin_pipe is None:
             self._stdin_pipe = transport.get_pipe_transport(0)  # type: ignore[assignment]
-        if self._stdin_pipe is not None:
+        if self._stdin_pipe is not None and not self._stdin_pipe.is_closing():
+            # (uvloop may have closed the pipe of a child that exited at once.)
             # Paused while anything is buffered, resumed once it all went to the child.
             self._stdin_pipe.set_write_buffer_limits(high=0, low=0)
         self.pid = transport.get_pid()

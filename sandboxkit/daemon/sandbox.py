@@ -16,8 +16,9 @@ from sandboxkit.daemon.events import EventJournal
 from sandboxkit.daemon.fanout import CursorFanout, Fanout
 from sandboxkit.daemon.faults.lab import FaultLab
 from sandboxkit.daemon.freezer import Freezer
-from sandboxkit.daemon.output_log import OutputLog, remove_tree
+from sandboxkit.daemon.output_log import OutputLog
 from sandboxkit.daemon.process import ManagedProcess, ProcessSpec
+from sandboxkit.daemon.segment_store import remove_tree
 from sandboxkit.errors import InvalidArgument, ProcessNotFound, ResultUnavailable
 from sandboxkit.lab_options import LabOptions
 

@@ -768,6 +768,8 @@ class ProcessPanel(WidgetBase):
         handle = await self._connect(self.state.pid, cursor, follower)
         follower.handle = handle
         follower.seen = follower.stream_states()
+        if follower.seen[0] is not None:  # known already: show it now, not at the next poll
+            self.state.update_process(state=follower.seen[0], sandbox_state=follower.seen[1])
         self._follower = follower
         self.state.set_attached(True, cursor)
         self._rt.spawn_background(

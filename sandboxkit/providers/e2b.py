@@ -39,10 +39,14 @@ How sandboxkit's model maps onto E2B's:
   ``"source": "client"``; E2B keeps no event journal to read.
 * **Kill-restart** is a kill (SIGKILL, E2B's only signal) and a new start of the same
   command, envs and cwd; the new pid is followed from its first byte.
-* **Pause/resume** are the SDK's ``pause()`` and ``connect()`` (which resumes), cloud only.
+* **Pause/resume** are the SDK's ``pause()`` and ``connect()`` (which resumes): they need
+  a control plane — E2B's cloud, or a sandboxkit daemon's (``sandboxkit serve --envd``
+  serves one under ``/api``; pass ``provider_options={"api_url": ..., "sandbox_url": ...}``
+  or set ``E2B_API_URL``/``E2B_SANDBOX_URL``, and the daemon's token as the API key).
   Taps cut by the pause reopen after the resume, behind an unknown-size gap.
 * Text goes through the SDK's UTF-8 decoder, which replaces bytes that are not UTF-8
-  (U+FFFD): E2B's SDK gives no raw bytes of a command's stdout/stderr.
+  (U+FFFD): E2B's SDK gives no raw bytes of a command's stdout/stderr. A ``pty=True``
+  process runs through the SDK's pty API, whose output is raw bytes (kept as stdout).
 """
 
 from __future__ import annotations
@@ -122,6 +126,13 @@ _END_WAIT = 2.0
 """Seconds a restart waits for the old process's end before starting the new one."""
 
 _NO_REPLAY = "E2B replays nothing printed while its stream was cut"
+
+_PTY_ROWS, _PTY_COLS = 24, 80
+"""The terminal size of a ``pty=True`` process (the classic 80×24)."""
+_PTY_MARK = b"\x1e\x1fsandboxkit\x1f\x1e"
+"""Printed just before a ``pty=True`` command runs: the shell's noise before it is dropped."""
+_PTY_MARK_TYPED = "\\036\\037sandboxkit\\037\\036"
+"""The same, as ``printf`` octal escapes, so that the echo of the typed line is not it."""
 
 _ids = itertools.count(1)
 _registry: dict[str, tuple[str, dict[str, Any]]] = {}
@@ -218,6 +229,13 @@ class _ProcessLog:
         self.tap: _Tap | None = None
         self.restarted_from: int | None = None
         self.restarted_to: int | None = None
+        self.passed: dict[int, int] = {}
+        """Cursor → the entry after the gaps a reader detached there had delivered: a
+        gap marks a position, not bytes, so a cursor alone cannot say whether the gaps at
+        it were read; a reattach at that cursor starts after them (no marker twice)."""
+        self.pty = bool(spec.get("pty"))
+        """Started through E2B's pty API: its output is raw bytes, read through
+        ``pty.connect``, and its stdin is the terminal's."""
         self._changed = asyncio.Event()
 
     def waiter(self) -> asyncio.Event:
@@ -256,6 +274,8 @@ class _ProcessLog:
         self.entries.append(_Entry(self.head, stream, data))
         self.head += len(data)
         self.size += len(data)
+        # The newest entry stays whole, however large: a reader following live gets
+        # every chunk the tap received (only what it fell behind on is evicted).
         while self.size > self.keep_bytes and len(self.entries) - self.skip > 1:
             self.size -= len(self.entries[self.skip].data)
             self.skip += 1
@@ -318,6 +338,7 @@ class _Reader:
         self.consumer_id = f"e2b-reader-{next(self._ids)}"
         self.role = role
         self._cursor = plog.first if cursor is None else max(0, int(cursor))
+        self._reattach = cursor is not None
         self.on_stdout, self.on_stderr, self.on_gap, self.lines = (
             on_stdout,
             on_stderr,
@@ -341,7 +362,6 @@ class _Reader:
         self.close_reason: str | None = None
         self._seq: int | None = None
         """The next log entry to read (found from the cursor at the first read)."""
-        self._following = False
 
     # -- what ProcessStream offers -----------------------------------------------------
 
@@ -371,8 +391,10 @@ class _Reader:
 
     @property
     def process_state(self) -> str | None:
-        """``None`` until this reader follows (as a stream before its start frame)."""
-        return self.log.state() if self._following else None
+        """The process's state as this client's tap knows it — known from the moment the
+        reader exists (the tap was attached first), so a panel never shows "connecting"
+        until its next poll."""
+        return self.log.state()
 
     @property
     def sandbox_state(self) -> str:
@@ -389,7 +411,6 @@ class _Reader:
     async def run(self) -> int | None:
         """Deliver the log from the cursor until the process ended and all was read."""
         self.sandbox._journal.record("consumer.attached", self.pid, data={"role": self.role})
-        self._following = True
         try:
             while True:
                 changed = self.log.waiter()
@@ -405,14 +426,30 @@ class _Reader:
         finally:
             self.closed_at = time.time()
             self.log.readers.discard(self)
+            self._note_passed_gaps()
             self.sandbox._journal.record(
                 "consumer.detached", self.pid, reason=self.close_reason or "error"
             )
+
+    def _note_passed_gaps(self) -> None:
+        """Leaving right after gaps at the cursor (no output since): remember it, so a
+        reattach from this cursor does not show them again."""
+        plog, seq = self.log, self._seq
+        if seq is None or seq <= plog.first_seq:
+            return
+        last = plog.entry(seq - 1)
+        if last.stream == "gap" and last.offset == self._cursor:
+            plog.passed[self._cursor] = seq
+            while len(plog.passed) > 64:
+                del plog.passed[next(iter(plog.passed))]
 
     async def _deliver_available(self) -> None:
         plog = self.log
         if self._seq is None:
             self._seq = plog.seek(self._cursor)
+            passed = plog.passed.get(self._cursor) if self._reattach else None
+            if passed is not None and passed > self._seq:
+                self._seq = passed
         while self._seq < plog.next_seq:
             if self._seq < plog.first_seq or self._cursor < plog.first:
                 # Evicted before this reader got to it: counted, so the count is exact.
@@ -543,7 +580,12 @@ class _Tap:
     def _err(self, text: str) -> None:
         self.log.append("stderr", text.encode("utf-8", "surrogateescape"))
 
+    def _pty(self, data: bytes) -> None:
+        self.log.append("stdout", bytes(data))
+
     async def _open(self) -> Any:
+        if self.log.pty:
+            return await self.sandbox._e2b.pty.connect(self.log.pid, on_data=self._pty, timeout=0)
         return await self.sandbox._e2b.commands.connect(
             self.log.pid, timeout=0, on_stdout=self._out, on_stderr=self._err, retain_output=False
         )
@@ -695,20 +737,24 @@ class E2BCommands(AsyncCommands):
         tag: str | None = None,
     ) -> ProcessInfo:
         """Start a process and tap its output from its first byte (see
-        :meth:`AsyncCommands.start`). ``pty`` and ``tag`` are not offered by E2B's
-        ``commands.run``: ``pty=True`` raises ProviderUnsupported."""
+        :meth:`AsyncCommands.start`). ``tag`` is not offered by E2B. ``pty=True`` goes
+        through the SDK's pty API (:meth:`_start_pty`): the output is the terminal's raw
+        bytes, as stdout."""
         self._owner.check()
-        if pty:
-            raise ProviderUnsupported(
-                "the E2B provider runs commands without a pty (E2B's pty API is separate)",
-                provider="e2b",
-                operation="pty",
-            )
         text = cmd if isinstance(cmd, str) else _shell_join(cmd)
-        spec = {"cmd": text, "argv": None, "envs": dict(envs or {}), "cwd": cwd, "timeout": timeout}
+        spec = {
+            "cmd": text,
+            "argv": None,
+            "envs": dict(envs or {}),
+            "cwd": cwd,
+            "timeout": timeout,
+            "pty": pty,
+        }
         return await self._start_spec(spec)
 
     async def _start_spec(self, spec: dict[str, Any]) -> ProcessInfo:
+        if spec.get("pty"):
+            return await self._start_pty(spec)
         plog_holder: list[_ProcessLog] = []
         early: list[tuple[str, str]] = []
 
@@ -741,6 +787,54 @@ class E2BCommands(AsyncCommands):
             plog.append(stream, text.encode("utf-8", "surrogateescape"))
         self._sandbox._tap(plog, handle)
         self._sandbox._journal.record("process.started", plog.pid, data={"cmd": spec["cmd"]})
+        return self._sandbox._process_info(plog)
+
+    async def _start_pty(self, spec: dict[str, Any]) -> ProcessInfo:
+        """E2B's ``pty.create`` starts an interactive login shell, not a command: the
+        command is typed into it (``exec``, so the command's exit is the process's), and
+        what the shell prints before it — its prompt, the echo of the typed line — is
+        dropped up to a marker the typed line prints (typed as octal escapes, so its echo
+        does not contain it)."""
+        plog_holder: list[_ProcessLog] = []
+        pending = bytearray()
+        started = False
+
+        def feed(data: bytes) -> None:
+            nonlocal started
+            if not started:
+                pending.extend(data)
+                at = pending.find(_PTY_MARK)
+                if at < 0:
+                    return
+                started = True
+                data = bytes(pending[at + len(_PTY_MARK) :])
+                pending.clear()
+            if plog_holder:
+                plog_holder[0].append("stdout", bytes(data))
+            else:
+                pending.extend(data)
+
+        timeout = spec.get("timeout")
+        handle = await self._sandbox._e2b.pty.create(
+            e2b.PtySize(rows=_PTY_ROWS, cols=_PTY_COLS),
+            on_data=feed,
+            user=_USER,
+            cwd=spec["cwd"],
+            envs=spec["envs"] or None,
+            timeout=0 if timeout is None else timeout,
+        )
+        plog = self._sandbox._new_log(handle.pid, spec)
+        plog.pty = True
+        plog_holder.append(plog)
+        if started and pending:
+            plog.append("stdout", bytes(pending))
+            pending.clear()
+        typed = f"printf '{_PTY_MARK_TYPED}'; exec /bin/bash -c {_quote(spec['cmd'])}\n"
+        await self._sandbox._e2b.pty.send_stdin(handle.pid, typed.encode())
+        self._sandbox._tap(plog, handle)
+        self._sandbox._journal.record(
+            "process.started", plog.pid, data={"cmd": spec["cmd"], "pty": True}
+        )
         return self._sandbox._process_info(plog)
 
     async def run(  # type: ignore[override]
@@ -937,8 +1031,13 @@ class E2BCommands(AsyncCommands):
         """Write to the process's stdin (at most once: E2B does not deduplicate a retry,
         so none is made)."""
         self._owner.check()
+        plog = self._sandbox._logs.get(pid)
         try:
-            await self._sdk.send_stdin(pid, data)
+            if plog is not None and plog.pty:
+                raw = data.encode() if isinstance(data, str) else data
+                await self._sandbox._e2b.pty.send_stdin(pid, raw)
+            else:
+                await self._sdk.send_stdin(pid, data)
         except NotFoundException as exc:
             raise ProcessNotFound(str(exc), pid=pid) from exc
 
@@ -954,6 +1053,12 @@ def _shell_join(argv: builtins.list[str]) -> str:
     import shlex
 
     return shlex.join(argv)
+
+
+def _quote(text: str) -> str:
+    import shlex
+
+    return shlex.quote(text)
 
 
 # -- files ---------------------------------------------------------------------------
@@ -1171,7 +1276,8 @@ class E2BSandbox(AsyncSandbox):
         if self.debug:
             raise ProviderUnsupported(
                 f"E2B's debug mode has no control plane, so no {operation}: it needs E2B's "
-                "cloud (set E2B_API_KEY)",
+                "cloud (set E2B_API_KEY) or a sandboxkit daemon's control plane "
+                "(sandboxkit serve --envd; see docs/e2b.md)",
                 provider="e2b",
                 operation=operation,
             )
@@ -1189,7 +1295,7 @@ class E2BSandbox(AsyncSandbox):
         return self.info
 
     async def pause(self) -> None:
-        """Pause the sandbox (the SDK's ``pause()``; cloud only)."""
+        """Pause the sandbox (the SDK's ``pause()``; needs a control plane)."""
         self._owner.check()
         self._cloud_only("pause")
         self._resumed.clear()
@@ -1198,8 +1304,8 @@ class E2BSandbox(AsyncSandbox):
         self._journal.record("sandbox.paused", reason="user")
 
     async def resume(self) -> None:
-        """Resume the sandbox (the SDK's ``connect()``; cloud only); taps the pause cut
-        reopen, behind an unknown-size gap."""
+        """Resume the sandbox (the SDK's ``connect()``; needs a control plane); taps the
+        pause cut reopen, behind an unknown-size gap."""
         self._owner.check()
         self._cloud_only("resume")
         await self._e2b.connect()

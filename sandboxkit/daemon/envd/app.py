@@ -13,9 +13,17 @@ One envd serves one sandbox (E2B's model), so the app maps URLs to sandboxes:
   the live head, as E2B's envd does, instead of replaying the retained output: what an
   E2B user sees (sandboxkit's E2B provider is tested against it).
 
+- ``E2b-Sandbox-Id: <id>`` (a header; the SDK sends it outside debug mode) on a path that
+  names no sandbox — the sandbox ``<id>``: one ``sandbox_url`` serves them all.
+
 Auth: with a daemon token, every request must show it, as ``X-Access-Token`` (the header
 envd checks) or as the URL prefix ``/k/<token>`` (the SDK in debug mode sends no token
-header, but keeps its ``sandbox_url``'s path): :attr:`EnvdServer.url` includes it.
+header, but keeps its ``sandbox_url``'s path): :attr:`EnvdServer.url` includes it — or
+show the ``envdAccessToken`` the control plane gave out for the sandbox it names.
+
+On the same port, under ``/api``, E2B's control plane
+(:mod:`sandboxkit.daemon.envd.control_plane`): the SDK outside debug mode creates,
+pauses, resumes, lists and kills sandboxkit sandboxes through it.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sandboxkit.daemon.envd.connect import ConnectError
+from sandboxkit.daemon.envd.control_plane import API_PREFIX, AccessTokens, create_control_plane
 from sandboxkit.daemon.envd.files import error_response, read_file, write_file
 from sandboxkit.daemon.envd.filesystem_service import FilesystemService
 from sandboxkit.daemon.envd.process_service import ProcessService, RpcService
@@ -95,29 +104,92 @@ def _routes(sandboxes: _Sandboxes, services: list[RpcService]) -> list[BaseRoute
     return routes
 
 
-class _TokenAuth:
-    """Refuses requests that do not show the daemon's token (a Connect
-    ``unauthenticated``): as an ``X-Access-Token`` header (envd's), or as the URL prefix
-    ``/k/<token>`` — the e2b SDK in debug mode sends no token header, but keeps the path
-    of its ``sandbox_url``, so :attr:`EnvdServer.url` carries the token in its path."""
+class _Access:
+    """Who may reach which sandbox's envd, and which sandbox a request is for.
 
-    def __init__(self, app: ASGIApp, token: str | None) -> None:
+    A request shows the daemon's token — as ``X-Access-Token`` (envd's header) or as the
+    URL prefix ``/k/<token>`` (the e2b SDK in debug mode sends no token header, but keeps
+    the path of its ``sandbox_url``) — and may then reach any sandbox; or it shows the
+    ``envdAccessToken`` the control plane minted for the sandbox its ``E2b-Sandbox-Id``
+    header names (what the SDK sends outside debug mode), and reaches that one only.
+    Otherwise: Connect ``unauthenticated``.
+
+    Routing: a path that names no sandbox (``/sandboxes/<id>/...``) is sent to the one
+    ``E2b-Sandbox-Id`` names — the SDK sends every sandbox's requests to the same
+    ``sandbox_url`` with that header, E2B's proxy routes by it — except the debug mode's
+    placeholder ``debug_sandbox_id``, which means the default sandbox.
+    """
+
+    def __init__(self, app: ASGIApp, token: str | None, tokens: AccessTokens) -> None:
         self.app = app
         self.expected = token.encode() if token else None
         self.prefix = f"/k/{token}" if token else None
+        self.tokens = tokens
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and self.expected is not None and self.prefix is not None:
-            given = dict(scope["headers"]).get(b"x-access-token", b"")
-            path: str = scope["path"]
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        path: str = scope["path"]
+        named = headers.get(b"e2b-sandbox-id", b"").decode("latin-1")
+        if named == _DEBUG_SANDBOX_ID:
+            named = ""
+        if named and not _SANDBOX_ID.match(named):
+            await self._refuse(scope, receive, send, "invalid_argument", "bad E2b-Sandbox-Id")
+            return
+        scoped = False
+        if self.expected is not None and self.prefix is not None:
+            given = headers.get(b"x-access-token", b"")
             if path.startswith(self.prefix + "/"):
-                scope = {**scope, "path": path[len(self.prefix) :], "raw_path": None}
-            elif not secrets.compare_digest(given, self.expected):
-                error = ConnectError("unauthenticated", "missing or wrong X-Access-Token")
-                response = JSONResponse(error.to_json(), error.http_status)
-                await response(scope, receive, send)
+                path = path[len(self.prefix) :]
+            elif secrets.compare_digest(given, self.expected):
+                pass
+            elif named and self.tokens.opens(named, given):
+                scoped = True
+            else:
+                await self._refuse(
+                    scope, receive, send, "unauthenticated", "missing or wrong X-Access-Token"
+                )
                 return
+        in_path = _IN_PATH.match(path)
+        if in_path is None and named:
+            path = f"/sandboxes/{named}{path}"
+        elif scoped and in_path is not None and in_path.group(1) != named:
+            await self._refuse(
+                scope, receive, send, "permission_denied", "this access token is another sandbox's"
+            )
+            return
+        if path != scope["path"]:
+            scope = {**scope, "path": path, "raw_path": None}
         await self.app(scope, receive, send)
+
+    @staticmethod
+    async def _refuse(scope: Scope, receive: Receive, send: Send, code: str, message: str) -> None:
+        error = ConnectError(code, message)
+        await JSONResponse(error.to_json(), error.http_status)(scope, receive, send)
+
+
+class _Endpoints:
+    """One port, two APIs: the control plane under :data:`API_PREFIX`, envd elsewhere."""
+
+    def __init__(self, envd: ASGIApp, api: ASGIApp) -> None:
+        self.envd = envd
+        self.api = api
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] == "http" and (path == API_PREFIX or path.startswith(API_PREFIX + "/")):
+            inner = path[len(API_PREFIX) :] or "/"
+            await self.api({**scope, "path": inner, "raw_path": None}, receive, send)
+            return
+        await self.envd(scope, receive, send)
+
+
+_DEBUG_SANDBOX_ID = "debug_sandbox_id"
+"""The sandbox id the e2b SDK uses in debug mode (no control plane): the default sandbox."""
+_SANDBOX_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_IN_PATH = re.compile(r"^/sandboxes/([^/]+)/")
 
 
 _LIVE = re.compile(r"^(/sandboxes/[^/]+)?/live(/.*)$")
@@ -156,7 +228,9 @@ def create_envd_app(
     routes = _routes(sandboxes, services)
     app = Starlette(routes=[*routes, Mount("/sandboxes/{sid}", routes=routes)])
     app.state.sandboxes = sandboxes
-    return _TokenAuth(_LiveHead(app), token)
+    tokens = AccessTokens(host)
+    envd = _Access(_LiveHead(app), token, tokens)
+    return _Endpoints(envd, create_control_plane(host, token, tokens))
 
 
 class _Server(uvicorn.Server):
@@ -180,8 +254,14 @@ class EnvdServer:
         self._sock.setblocking(False)
         self.bind, self.port = self._sock.getsockname()[:2]
         self.url = f"http://{self.bind}:{self.port}" + (f"/k/{token}" if token else "")
-        """What the SDK's ``sandbox_url`` should be (the default sandbox); append
-        ``/sandboxes/<id>`` for another sandbox."""
+        """What the SDK's ``sandbox_url`` should be in debug mode (the default sandbox);
+        append ``/sandboxes/<id>`` for another sandbox."""
+        self.api_url = f"http://{self.bind}:{self.port}{API_PREFIX}"
+        """The control plane: the SDK's ``api_url`` (``E2B_API_URL``) outside debug mode,
+        with the daemon's token as its API key."""
+        self.sandbox_url = f"http://{self.bind}:{self.port}"
+        """The SDK's ``sandbox_url`` (``E2B_SANDBOX_URL``) outside debug mode: every
+        sandbox's envd, told apart by the ``E2b-Sandbox-Id`` header the SDK sends."""
         self._closers: list[Callable[[], None]] = []
         self._server = _Server(
             uvicorn.Config(

@@ -155,8 +155,8 @@ class Freezer(abc.ABC):
             return
         sent: set[Ident] = set()
         for _ in range(_MAX_ROUNDS):
-            new = [st.ident for st in self.launch_members(launch).values()]
-            new = [ident for ident in new if ident not in sent]
+            members = self.launch_members(launch)
+            new = [st.ident for st in _parents_first(members) if st.ident not in sent]
             if not new:
                 return
             for ident in new:
@@ -176,3 +176,18 @@ class Freezer(abc.ABC):
             f"<{type(self).__name__} {self.sandbox_id!r} backend={self.backend}"
             f" frozen={self._frozen} closed={self._closed}>"
         )
+
+
+def _parents_first(members: dict[int, ProcStat]) -> list[ProcStat]:
+    """``members`` with each process before those below it. A shell signalled after the
+    command it waits for may see that command die first and exit by itself (143, or
+    whatever its script does next) instead of by the signal: the daemon, preempted between
+    two ``kill()`` calls, made ``kill()`` of ``sh -c "sleep 60"`` report 143, not -15."""
+
+    def depth(st: ProcStat) -> int:
+        level, parent = 0, st.ppid
+        while parent in members and level < len(members):
+            level, parent = level + 1, members[parent].ppid
+        return level
+
+    return sorted(members.values(), key=depth)

@@ -1,0 +1,410 @@
+"""JSON requests to a plain-HTTP loopback daemon over kept-alive sockets of our own, below
+httpx: the request written in one write, the response head parsed by a small strict
+parser, the body decoded with msgspec.
+
+A unary request (pause, resume, get, run) is a few hundred bytes each way, and on
+loopback the client's own CPU is most of its latency (issue 11: ~1.1 ms per request
+in httpx, httpcore and anyio against ~0.5 ms in the daemon). h11, the parser httpx
+uses, costs ~0.2 ms per request/response cycle on its own (it validates every header
+with regexes and runs a state machine per event); a response from the daemon is a status
+line, a few headers and a Content-Length (or chunked) body, which :func:`parse_head`
+takes apart in a few microseconds and refuses when it is anything else. Streams are
+read below httpx too (see raw_stream, whose chunked decoder this module reuses).
+
+Connections are reused (LIFO, at most :data:`MAX_IDLE` idle). One that the daemon closed
+while idle (its keep-alive timeout, a restart) is noticed before it is written to and
+dropped; one that it closes after the request went out without answering a byte is
+retried once on a new connection if the request is idempotent, else the request fails
+with DaemonUnavailable (the daemon may have acted on it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import select
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+from sandboxkit._compat import within
+from sandboxkit.client.raw_stream import BadChunk, ChunkedBody
+from sandboxkit.errors import DaemonUnavailable
+
+__all__ = ["BadResponse", "RawPool", "RawResponse", "encode_query", "parse_head"]
+
+MAX_IDLE = 32
+"""Idle connections kept per daemon (as httpx's max_keepalive_connections)."""
+_MAX_HEAD = 64 * 1024
+"""The largest response head accepted (the daemon's are ~150 bytes)."""
+_IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
+_WITH_BODY = frozenset({"POST", "PUT", "PATCH"})
+_STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([1-5][0-9][0-9])(?: [^\r\n]*)?\r\n")
+_FIELD = re.compile(rb"([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*([^\r\n]*?)[ \t]*\r\n")
+_DIGITS = re.compile(rb"[0-9]{1,18}")
+
+
+class BadResponse(Exception):
+    """The bytes received are not an HTTP/1.1 response this client accepts."""
+
+
+@dataclass(frozen=True)
+class Head:
+    """A parsed response head."""
+
+    status: int
+    size: int  # of the head, in bytes
+    length: int | None  # Content-Length; None: chunked, or (if not chunked) until close
+    chunked: bool
+    keep_alive: bool
+
+
+@dataclass(frozen=True)
+class RawResponse:
+    """A complete response."""
+
+    status: int
+    body: bytes
+
+
+def parse_head(data: bytes | bytearray, end: int) -> Head:
+    """Parse the response head in ``data[:end]`` (``end`` is just past its blank line).
+    Strict: one status line, ``name: value`` fields (no folding, no bare LF), at most
+    one framing (a valid Content-Length, or ``Transfer-Encoding: chunked``)."""
+    match = _STATUS_LINE.match(data, 0, end)
+    if match is None:
+        raise BadResponse(f"bad status line {bytes(data[:40])!r}")
+    minor, status = match[1], int(match[2])
+    pos = match.end()
+    length: int | None = None
+    chunked = False
+    close = minor == b"0"
+    while pos < end - 2:
+        field = _FIELD.match(data, pos, end)
+        if field is None:
+            raise BadResponse(f"bad header line {bytes(data[pos : pos + 40])!r}")
+        pos = field.end()
+        name = field[1].lower()
+        if name == b"content-length":
+            value = field[2]
+            if _DIGITS.fullmatch(value) is None or (length is not None and length != int(value)):
+                raise BadResponse(f"bad Content-Length {bytes(value[:40])!r}")
+            length = int(value)
+        elif name == b"transfer-encoding":
+            if field[2].lower() != b"chunked" or chunked:
+                raise BadResponse(f"unsupported Transfer-Encoding {bytes(field[2][:40])!r}")
+            chunked = True
+        elif name == b"connection":
+            tokens = {t.strip().lower() for t in field[2].split(b",")}
+            close = b"close" in tokens or (close and b"keep-alive" not in tokens)
+    if pos != end - 2 or data[pos:end] != b"\r\n":
+        raise BadResponse("bad end of head")
+    if chunked and length is not None:
+        raise BadResponse("both Content-Length and Transfer-Encoding")
+    if status in (204, 304):
+        length, chunked = 0, False
+    keep_alive = not close and (chunked or length is not None)
+    return Head(status, end, length, chunked, keep_alive)
+
+
+def encode_query(params: Mapping[str, Any]) -> str:
+    """``params`` as a query string, values as httpx writes them (``true``/``false``)."""
+    parts = []
+    for key, value in params.items():
+        if value is True or value is False:
+            value = "true" if value else "false"
+        parts.append(f"{quote(str(key), safe='')}={quote(str(value), safe='')}")
+    return "&".join(parts)
+
+
+class _Dropped(Exception):
+    """The daemon closed the connection before it sent a byte of the response."""
+
+
+class _Connection(asyncio.Protocol):
+    """One kept-alive connection: a request at a time, its response collected as the
+    bytes arrive and handed over whole."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.lost = asyncio.get_running_loop().create_future()
+        """Done once the connection is closed (and its socket with it)."""
+        self.reusable = False
+        self._buffer = bytearray()
+        self._waiter: asyncio.Future[RawResponse] | None = None
+        self._head: Head | None = None
+        self._chunks: ChunkedBody | None = None
+        self._body = bytearray()
+        self._scanned = 0  # bytes of _buffer searched for the end of the head
+
+    # -- the event loop's side -------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            # Bytes nobody asked for: the connection is out of step; never reuse it.
+            self.reusable = False
+            self.close()
+            return
+        try:
+            response = self._take(data)
+        except (BadResponse, BadChunk) as exc:
+            self.reusable = False
+            self.close()
+            waiter.set_exception(BadResponse(str(exc)))
+            return
+        if response is not None:
+            waiter.set_result(response)
+
+    def eof_received(self) -> bool:
+        self._ended()
+        return False  # close the transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.reusable = False
+        self._ended(exc)
+        if not self.lost.done():
+            self.lost.set_result(None)
+
+    def _ended(self, exc: Exception | None = None) -> None:
+        self.reusable = False
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            return
+        head = self._head
+        if head is not None and head.length is None and not head.chunked:
+            # A body delimited by the end of the connection: this is its end.
+            waiter.set_result(RawResponse(head.status, bytes(self._buffer[head.size :])))
+            return
+        error: Exception = (
+            _Dropped() if not self._buffer and head is None else BadResponse("closed mid-response")
+        )
+        error.__cause__ = exc
+        waiter.set_exception(error)
+
+    def _take(self, data: bytes) -> RawResponse | None:
+        head = self._head
+        if head is None:
+            buffer = self._buffer
+            buffer += data
+            end = buffer.find(b"\r\n\r\n", max(0, self._scanned - 3))
+            if end < 0:
+                self._scanned = len(buffer)
+                if len(buffer) > _MAX_HEAD:
+                    raise BadResponse("response head too long")
+                return None
+            head = parse_head(buffer, end + 4)
+            if 100 <= head.status < 200:
+                if head.status == 101:
+                    raise BadResponse("unexpected 101 Switching Protocols")
+                del buffer[: head.size]  # an interim response: the real one follows
+                self._scanned = 0
+                return self._take(b"") if buffer else None
+            self._head = head
+            self.reusable = head.keep_alive
+            if head.chunked:
+                self._chunks = ChunkedBody()
+                rest = bytes(buffer[head.size :])
+                buffer.clear()
+                data = rest
+            else:
+                data = b""
+        if head.chunked:
+            chunks = self._chunks
+            assert chunks is not None
+            if data:
+                chunks.feed(data, self._body.extend)
+            if chunks.done:
+                return RawResponse(head.status, bytes(self._body))
+            return None
+        if data:
+            self._buffer += data
+        if head.length is None:
+            return None  # until the connection closes
+        have = len(self._buffer) - head.size
+        if have < head.length:
+            return None
+        if have > head.length:
+            self.reusable = False  # bytes after the response: out of step
+        return RawResponse(head.status, bytes(self._buffer[head.size : head.size + head.length]))
+
+    # -- the request's side ----------------------------------------------------------
+
+    def idle_and_open(self) -> bool:
+        """True if the connection can carry a request: open, and nothing (an EOF, a
+        reset) waiting to be read that the event loop has not handled yet."""
+        transport = self.transport
+        if not self.reusable or transport is None or transport.is_closing():
+            return False
+        sock = transport.get_extra_info("socket")
+        # poll, not select: a notebook process may hold more than select's 1024 fds.
+        poller = select.poll()
+        try:
+            poller.register(sock.fileno(), select.POLLIN)
+            return not poller.poll(0)  # readable while idle: EOF, a reset, or junk
+        except (OSError, ValueError):
+            return False
+
+    async def request(self, data: bytes, timeout: float | None) -> RawResponse:
+        """Write ``data`` (one whole request) and wait for the whole response."""
+        transport = self.transport
+        assert transport is not None
+        self._buffer.clear()
+        self._body.clear()
+        self._scanned = 0
+        self._head = None
+        self._chunks = None
+        self.reusable = False  # until a response says otherwise
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[RawResponse] = loop.create_future()
+        self._waiter = waiter
+        transport.write(data)
+        timer = None if timeout is None else loop.call_later(timeout, self._time_out, timeout)
+        try:
+            return await waiter
+        finally:
+            self._waiter = None
+            if timer is not None:
+                timer.cancel()
+            if not waiter.done() or waiter.cancelled() or waiter.exception() is not None:
+                self.reusable = False
+                self.close()
+
+    def _time_out(self, timeout: float) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(TimeoutError(f"no whole response within {timeout:g} s"))
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+class RawPool:
+    """Kept-alive connections to one plain-HTTP daemon on loopback, for JSON requests."""
+
+    def __init__(self, url: str, headers: Mapping[str, str]) -> None:
+        parts = urlsplit(url)
+        self.url = url
+        self._host = (parts.hostname or "127.0.0.1").strip("[]")
+        self._port = parts.port or 80
+        self._prefix = parts.path.rstrip("/")
+        fields = "".join(f"{k}: {v}\r\n" for k, v in {"Host": parts.netloc, **headers}.items())
+        self._fields = fields.encode("latin-1")
+        self._idle: list[_Connection] = []
+        self._all: set[_Connection] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.closed = False
+
+    def encode(self, method: str, path: str, query: str, body: bytes | None) -> bytes:
+        """One request, head and body, as the bytes written."""
+        target = self._prefix + path + ("?" + query if query else "")
+        head = f"{method} {target} HTTP/1.1\r\n".encode("latin-1") + self._fields
+        if body is not None:
+            return (
+                head
+                + b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+                + body
+            )
+        if method in _WITH_BODY:
+            return head + b"Content-Length: 0\r\n\r\n"
+        return head + b"\r\n"
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        query: str = "",
+        body: bytes | None = None,
+        *,
+        connect_timeout: float | None = 10.0,
+        timeout: float | None = 30.0,
+    ) -> RawResponse:
+        """Send one request and return its whole response; DaemonUnavailable if the
+        daemon cannot be reached, closes the connection without answering (after one
+        retry on a new connection, for an idempotent request on a reused one), answers
+        with bytes that are not a response, or does not answer within ``timeout``."""
+        data = self.encode(method, path, query, body)
+        retried = False
+        while True:
+            if self.closed:
+                raise DaemonUnavailable("this client's connection pool was closed", url=self.url)
+            conn, reused = await self._get(connect_timeout)
+            try:
+                response = await conn.request(data, timeout)
+            except _Dropped as exc:
+                if reused and not retried and method in _IDEMPOTENT:
+                    retried = True
+                    continue
+                raise DaemonUnavailable(
+                    "the daemon closed the connection without answering", url=self.url
+                ) from exc.__cause__
+            except BadResponse as exc:
+                raise DaemonUnavailable(f"bad response from the daemon: {exc}", url=self.url) from (
+                    exc.__cause__ or exc
+                )
+            except TimeoutError as exc:
+                raise DaemonUnavailable(f"the daemon did not answer: {exc}", url=self.url) from exc
+            self._put(conn)
+            return response
+
+    async def _get(self, connect_timeout: float | None) -> tuple[_Connection, bool]:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:  # connections belong to the loop that opened them
+            self._drop_idle()
+            self._loop = loop
+        idle = self._idle
+        while idle:
+            conn = idle.pop()
+            if conn.idle_and_open():
+                return conn, True
+            self._discard(conn)
+        try:
+            # within(), not asyncio.wait_for: see raw_stream.open_raw_stream.
+            opening = loop.create_connection(_Connection, self._host, self._port)
+            _, conn = await within(opening, connect_timeout)
+        except (OSError, TimeoutError) as exc:
+            raise DaemonUnavailable(f"cannot reach the daemon: {exc!r}", url=self.url) from exc
+        self._all.add(conn)
+        if self.closed:  # closed while this one opened
+            self._discard(conn)
+            raise DaemonUnavailable("this client's connection pool was closed", url=self.url)
+        return conn, False
+
+    def _put(self, conn: _Connection) -> None:
+        if conn.reusable and not self.closed and len(self._idle) < MAX_IDLE:
+            self._idle.append(conn)
+        else:
+            self._discard(conn)
+
+    def _discard(self, conn: _Connection) -> None:
+        conn.close()
+        self._all.discard(conn)
+
+    def _drop_idle(self) -> None:
+        for conn in self._idle:
+            self._discard(conn)
+        self._idle.clear()
+
+    @property
+    def connections(self) -> int:
+        """Connections open now (idle or carrying a request)."""
+        return sum(1 for conn in self._all if not conn.lost.done())
+
+    async def aclose(self) -> None:
+        """Close every connection and wait until their sockets are closed. Idempotent."""
+        self.closed = True
+        conns = list(self._all)
+        self._idle.clear()
+        self._all.clear()
+        for conn in conns:
+            conn.close()
+        running = asyncio.get_running_loop()
+        waits = [c.lost for c in conns if not c.lost.done() and c.lost.get_loop() is running]
+        if waits:
+            await asyncio.wait(waits, timeout=5.0)
