@@ -10,6 +10,10 @@ from collections.abc import AsyncIterator, Iterator
 import psutil
 import pytest
 
+# The suite's daemons run on the loop a plain install has (asyncio), although the test
+# extra installs uvloop for the tests that use it by name (tests/test_send_path.py).
+os.environ.setdefault("SANDBOXKIT_EVENT_LOOP", "asyncio")
+
 from sandboxkit.daemon.config import DaemonConfig
 from sandboxkit.daemon.host import Host
 from sandboxkit.daemon.server import DaemonServer

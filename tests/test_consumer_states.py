@@ -19,7 +19,7 @@ from support import poll
 from sandboxkit.daemon.consumers import Consumer
 from sandboxkit.daemon.host import Host
 from sandboxkit.daemon.process import ManagedProcess, ProcessSpec
-from sandboxkit.daemon.sandbox import Sandbox
+from sandboxkit.daemon.sandbox import ManagedSandbox
 from sandboxkit.daemon.server import DaemonServer
 from sandboxkit.errors import InvalidArgument
 from sandboxkit.lab_options import FanoutPolicy, LabOptions
@@ -61,7 +61,7 @@ class StuckSink:
         self._closed.set()
 
 
-async def _producing(host: Host, **sandbox: Any) -> tuple[Sandbox, ManagedProcess]:
+async def _producing(host: Host, **sandbox: Any) -> tuple[ManagedSandbox, ManagedProcess]:
     sbx = await host.create_sandbox(**sandbox)
     process = await sbx.start_process(ProcessSpec(argv=(sys.executable, "-c", PRODUCER)))
     await poll(lambda: process.log.head > 0, 10, "first output")

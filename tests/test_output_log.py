@@ -24,7 +24,7 @@ from sandboxkit.daemon.config import DaemonConfig
 from sandboxkit.daemon.host import Host
 from sandboxkit.daemon.output_log import Chunk, Gap, OutputLog
 from sandboxkit.daemon.process import ManagedProcess, ProcessSpec
-from sandboxkit.daemon.sandbox import Sandbox
+from sandboxkit.daemon.sandbox import ManagedSandbox
 from sandboxkit.wire import Frame, FrameDecoder, FrameKind
 
 _BIG = 10**9  # a retention nothing in these tests reaches
@@ -683,7 +683,7 @@ def test_memory_log_keeps_working_without_a_directory() -> None:
 _WRITE_2_MIB = "import sys; sys.stdout.buffer.write(bytes(range(256)) * 8192)"
 
 
-async def _run_to_exit(sandbox: Sandbox) -> ManagedProcess:
+async def _run_to_exit(sandbox: ManagedSandbox) -> ManagedProcess:
     process = await sandbox.start_process(ProcessSpec(argv=(sys.executable, "-c", _WRITE_2_MIB)))
     assert await process.wait(20) == 0
     return process

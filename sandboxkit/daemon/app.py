@@ -30,7 +30,7 @@ from sandboxkit.daemon.consumers import CONSUMER_STATES, Consumer
 from sandboxkit.daemon.files import FileContent, FileEntry, FileQuery, FilesApi, WriteFile
 from sandboxkit.daemon.host import Host
 from sandboxkit.daemon.process import ProcessSpec, check_exec_size
-from sandboxkit.daemon.sandbox import Sandbox
+from sandboxkit.daemon.sandbox import ManagedSandbox
 from sandboxkit.daemon.schema import (
     ERROR_SCHEMA,
     ConsumerRow,
@@ -322,7 +322,7 @@ class _Api:
         sandbox.set_timeout(body.timeout)
         return JsonResponse(sandbox.to_json())
 
-    def _alive(self, request: Request) -> Sandbox:
+    def _alive(self, request: Request) -> ManagedSandbox:
         sid = request.path_params["sid"]
         sandbox = self.host.get(sid)
         sandbox.touch()

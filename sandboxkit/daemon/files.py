@@ -19,14 +19,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from sandboxkit.daemon.host import Host
-from sandboxkit.daemon.sandbox import Sandbox
+from sandboxkit.daemon.sandbox import ManagedSandbox
 from sandboxkit.daemon.schema import decode_body, decode_query
 from sandboxkit.errors import FileNotFound, InvalidArgument, PayloadTooLarge
 
 __all__ = ["FileContent", "FileEntry", "FileQuery", "FilesApi", "WriteFile", "entry", "resolve"]
 
 
-def resolve(sandbox: Sandbox, path: str | None) -> Path:
+def resolve(sandbox: ManagedSandbox, path: str | None) -> Path:
     """The file ``path`` names in ``sandbox``: relative to its working directory, or
     absolute inside it. InvalidArgument for no path, or one that leads outside (``..``,
     or a symlink out): the files API reaches only the sandbox's own directory."""

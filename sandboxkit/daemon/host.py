@@ -17,7 +17,7 @@ from sandboxkit.daemon.events import EventJournal
 from sandboxkit.daemon.freezer import Freezer, make_freezer
 from sandboxkit.daemon.process import ManagedProcess
 from sandboxkit.daemon.recovery import ROOT_PREFIX, claim_root, recover
-from sandboxkit.daemon.sandbox import OnTimeout, Sandbox
+from sandboxkit.daemon.sandbox import ManagedSandbox, OnTimeout
 from sandboxkit.errors import InvalidArgument, SandboxNotFound, SandboxPaused
 from sandboxkit.lab_options import LabOptions
 
@@ -32,7 +32,7 @@ class Host:
     def __init__(self, config: DaemonConfig | None = None) -> None:
         self.config = config or DaemonConfig()
         self.journal = EventJournal(self.config.journal_size)
-        self.sandboxes: dict[str, Sandbox] = {}
+        self.sandboxes: dict[str, ManagedSandbox] = {}
         self.started_at = time.time()
         self._own_root = self.config.root_dir is None
         self.root = Path(self.config.root_dir or tempfile.mkdtemp(prefix=ROOT_PREFIX))
@@ -97,7 +97,7 @@ class Host:
         auto_resume: bool = False,
         metadata: dict[str, str] | None = None,
         lab: LabOptions | None = None,
-    ) -> Sandbox:
+    ) -> ManagedSandbox:
         """Create a sandbox with its own working directory and process tree; ``lab``
         makes it a fault-lab sandbox (see :mod:`sandboxkit.daemon.faults`)."""
         sandbox_id = "sbx-" + secrets.token_hex(4)
@@ -106,7 +106,7 @@ class Host:
         tree: Freezer | None = None
         try:
             tree = make_freezer(sandbox_id, self.config.freezer)
-            sandbox = Sandbox(
+            sandbox = ManagedSandbox(
                 sandbox_id,
                 workdir,
                 tree,
@@ -131,14 +131,14 @@ class Host:
         )
         return sandbox
 
-    def get(self, sandbox_id: str) -> Sandbox:
+    def get(self, sandbox_id: str) -> ManagedSandbox:
         """The sandbox, or SandboxNotFound."""
         try:
             return self.sandboxes[sandbox_id]
         except KeyError:
             raise SandboxNotFound(f"no sandbox {sandbox_id}", sandbox_id=sandbox_id) from None
 
-    async def access(self, sandbox_id: str, *, needs_running: bool = False) -> Sandbox:
+    async def access(self, sandbox_id: str, *, needs_running: bool = False) -> ManagedSandbox:
         """Look up a sandbox for a request: restart its idle timer and, if it is paused,
         auto-resume it or (for requests that need it running) refuse with SandboxPaused."""
         sandbox = self.get(sandbox_id)
@@ -229,7 +229,7 @@ class Host:
                         "host.error", sandbox_id=sandbox.sandbox_id, error=repr(exc)
                     )
 
-    async def _tend(self, sandbox: Sandbox, now: float, wall: float) -> None:
+    async def _tend(self, sandbox: ManagedSandbox, now: float, wall: float) -> None:
         if sandbox.idle_expired(now):
             if sandbox.on_timeout == "kill":
                 await sandbox.kill(reason="timeout")

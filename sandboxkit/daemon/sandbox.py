@@ -22,14 +22,17 @@ from sandboxkit.daemon.segment_store import remove_tree
 from sandboxkit.errors import InvalidArgument, ProcessNotFound, ResultUnavailable
 from sandboxkit.lab_options import LabOptions
 
-__all__ = ["OnTimeout", "Sandbox", "SandboxState"]
+__all__ = ["ManagedSandbox", "OnTimeout", "SandboxState"]
 
 SandboxState = Literal["running", "paused", "killed"]
 OnTimeout = Literal["pause", "kill"]
 
 
-class Sandbox:
-    """Processes that share a directory, an environment and a lifecycle."""
+class ManagedSandbox:
+    """Processes that share a directory, an environment and a lifecycle: the daemon's side
+    of a sandbox (the client's are :class:`sandboxkit.AsyncSandbox` and
+    :class:`sandboxkit.Sandbox`), as :class:`~sandboxkit.daemon.process.ManagedProcess` is
+    of a process."""
 
     def __init__(
         self,

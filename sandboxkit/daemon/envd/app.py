@@ -48,7 +48,7 @@ from sandboxkit.daemon.envd.files import error_response, read_file, write_file
 from sandboxkit.daemon.envd.filesystem_service import FilesystemService
 from sandboxkit.daemon.envd.process_service import ProcessService, RpcService
 from sandboxkit.daemon.host import Host
-from sandboxkit.daemon.sandbox import Sandbox
+from sandboxkit.daemon.sandbox import ManagedSandbox
 from sandboxkit.errors import SandboxkitError
 
 __all__ = ["DEFAULT_PORT", "EnvdServer", "create_envd_app"]
@@ -65,7 +65,7 @@ class _Sandboxes:
         self.default_id: str | None = None
         self._lock = asyncio.Lock()
 
-    async def lookup(self, request: Request, needs_running: bool) -> Sandbox:
+    async def lookup(self, request: Request, needs_running: bool) -> ManagedSandbox:
         sid = request.path_params.get("sid")
         if sid is not None:
             return await self.host.access(sid, needs_running=needs_running)
@@ -78,7 +78,7 @@ class _Sandboxes:
 
 
 def _files(
-    sandboxes: _Sandboxes, handler: Callable[[Sandbox, Request], Awaitable[Response]]
+    sandboxes: _Sandboxes, handler: Callable[[ManagedSandbox, Request], Awaitable[Response]]
 ) -> Callable[[Request], Awaitable[Response]]:
     async def run(request: Request) -> Response:
         try:

@@ -47,7 +47,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sandboxkit.daemon.host import Host
-from sandboxkit.daemon.sandbox import Sandbox
+from sandboxkit.daemon.sandbox import ManagedSandbox
 from sandboxkit.daemon.schema import MAX_METADATA, MAX_SECONDS, Envs, Label, decode_body
 from sandboxkit.errors import (
     InvalidArgument,
@@ -247,7 +247,7 @@ class _ControlPlane:
 
     # -- helpers ---------------------------------------------------------------------
 
-    def _sandbox(self, request: Request) -> Sandbox:
+    def _sandbox(self, request: Request) -> ManagedSandbox:
         sid = request.path_params["sid"]
         sandbox = self.host.sandboxes.get(sid) if _SANDBOX_ID.match(sid) else None
         if sandbox is None or sandbox.state == "killed":
@@ -265,13 +265,13 @@ class _ControlPlane:
         except SandboxkitError as exc:
             raise _api_error(exc) from None
 
-    def _end_at(self, sandbox: Sandbox) -> str:
+    def _end_at(self, sandbox: ManagedSandbox) -> str:
         if sandbox.timeout is None:
             return _FAR_FUTURE
         idle = time.monotonic() - sandbox.last_activity
         return _iso(time.time() + max(0.0, sandbox.timeout - idle))
 
-    def _created(self, sandbox: Sandbox) -> dict[str, Any]:
+    def _created(self, sandbox: ManagedSandbox) -> dict[str, Any]:
         """E2B's ``Sandbox`` (create and connect answers)."""
         return {
             "templateID": self.templates.get(sandbox.sandbox_id, "sandboxkit"),
@@ -281,7 +281,7 @@ class _ControlPlane:
             "envdAccessToken": self.tokens.mint(sandbox.sandbox_id),
         }
 
-    def _listed(self, sandbox: Sandbox) -> dict[str, Any]:
+    def _listed(self, sandbox: ManagedSandbox) -> dict[str, Any]:
         """E2B's ``ListedSandbox``; the sizes are this machine's (sandboxes share it)."""
         return {
             "templateID": self.templates.get(sandbox.sandbox_id, "sandboxkit"),
@@ -297,7 +297,7 @@ class _ControlPlane:
             "metadata": sandbox.metadata,
         }
 
-    def _detail(self, sandbox: Sandbox) -> dict[str, Any]:
+    def _detail(self, sandbox: ManagedSandbox) -> dict[str, Any]:
         return {
             **self._listed(sandbox),
             "lifecycle": {"onTimeout": sandbox.on_timeout, "autoResume": sandbox.auto_resume},

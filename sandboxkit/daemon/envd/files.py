@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 
 from sandboxkit.daemon.files import entry, resolve
-from sandboxkit.daemon.sandbox import Sandbox
+from sandboxkit.daemon.sandbox import ManagedSandbox
 from sandboxkit.errors import FileNotFound, InvalidArgument, SandboxkitError
 
 __all__ = ["error_response", "read_file", "write_file"]
@@ -32,7 +32,7 @@ def error_response(exc: SandboxkitError) -> Response:
     return JSONResponse({"code": status, "message": str(exc)}, status)
 
 
-async def read_file(sandbox: Sandbox, request: Request) -> Response:
+async def read_file(sandbox: ManagedSandbox, request: Request) -> Response:
     target = resolve(sandbox, request.query_params.get("path"))
     if target.is_dir():
         raise InvalidArgument(f"{target} is a directory", field="path")
@@ -41,7 +41,7 @@ async def read_file(sandbox: Sandbox, request: Request) -> Response:
     return FileResponse(target, media_type="application/octet-stream")
 
 
-async def write_file(sandbox: Sandbox, request: Request) -> Response:
+async def write_file(sandbox: ManagedSandbox, request: Request) -> Response:
     content_type = request.headers.get("content-type", "")
     query_path = request.query_params.get("path")
     written: list[dict[str, Any]] = []

@@ -48,7 +48,7 @@ from sandboxkit.daemon.envd.process_service import (
 )
 from sandboxkit.daemon.files import resolve
 from sandboxkit.daemon.host import Host
-from sandboxkit.daemon.sandbox import Sandbox
+from sandboxkit.daemon.sandbox import ManagedSandbox
 from sandboxkit.errors import FileNotFound
 
 __all__ = ["FilesystemService"]
@@ -217,7 +217,7 @@ def entry_info(path: Path) -> dict[str, Any]:
     return result
 
 
-def _is_root(sandbox: Sandbox, target: Path) -> bool:
+def _is_root(sandbox: ManagedSandbox, target: Path) -> bool:
     return target == Path(sandbox.workdir).resolve()
 
 

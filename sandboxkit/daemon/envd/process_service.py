@@ -41,14 +41,14 @@ from sandboxkit.daemon.envd.connect import (
 )
 from sandboxkit.daemon.host import Host
 from sandboxkit.daemon.process import ManagedProcess, ProcessSpec
-from sandboxkit.daemon.sandbox import Sandbox
+from sandboxkit.daemon.sandbox import ManagedSandbox
 from sandboxkit.errors import SandboxkitError
 from sandboxkit.wire import Frame, FrameDecoder, FrameKind
 
 __all__ = ["ProcessService", "RpcService"]
 
 T = TypeVar("T")
-SandboxLookup = Callable[[Request, bool], Awaitable[Sandbox]]
+SandboxLookup = Callable[[Request, bool], Awaitable[ManagedSandbox]]
 """Finds the sandbox a request is for (``True``: it must be running)."""
 
 ROLE = "e2b"
@@ -361,7 +361,7 @@ class ProcessService(RpcService):
             raise ConnectError("invalid_argument", "expected exactly one request message")
         return decode(found[0], model)
 
-    def _process(self, sandbox: Sandbox, selector: m.ProcessSelector) -> ManagedProcess:
+    def _process(self, sandbox: ManagedSandbox, selector: m.ProcessSelector) -> ManagedProcess:
         if selector.pid is not None:
             return sandbox.process(selector.pid)
         if selector.tag is not None:
