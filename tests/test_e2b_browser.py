@@ -50,10 +50,16 @@ daemon = DaemonServer(envd_port=0).start()  # stands in for E2B's envd
 atexit.register(daemon.stop)  # the kernel's shutdown ends its processes
 home = Sandbox.create(url=daemon.url, token=daemon.token)
 # One line, then (once the panel is attached: the file "go") ten more, then quiet: all of
-# it fits the terminal's rows, however late the view renders. sleep-ok: the child's pace.
-TICKER = "import os, time\\nprint('printed before anyone attached', flush=True)\\n" \\
-    "while not os.path.exists('go'):\\n    time.sleep(0.02)\\n" \\
-    "for i in range(10):\\n    print(f'line {i}', flush=True)\\ntime.sleep(120)\\n"
+# it fits the terminal's rows, however late the view renders.
+TICKER = '''
+import os, time
+print('printed before anyone attached', flush=True)
+while not os.path.exists('go'):
+    time.sleep(0.02)  # sleep-ok: the child polls for the file the cell writes once attached
+for i in range(10):
+    print(f'line {i}', flush=True)
+time.sleep(120)  # sleep-ok: stays alive and quiet until the test ends the sandbox
+'''
 info = home.commands.start([sys.executable, "-u", "-c", TICKER])
 while home.commands.get(info.pid).head == 0:
     time.sleep(0.02)  # sleep-ok: until the first line was printed, nobody attached
