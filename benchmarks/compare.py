@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import contextlib
 import csv
+import functools
 import importlib.util
 import os
 import shutil
@@ -41,6 +42,7 @@ from _daemon import local_daemon, stop
 from fanout import BARE_APP, CHUNK, WRITER, _free_port, _read_all, _wait_port, bare_run
 
 from sandboxkit import AsyncSandbox
+from sandboxkit.daemon.server import event_loop_factory
 
 RESULTS = Path(__file__).resolve().parent / "results"
 REDIS_MISSING = "not installed (apt-get install redis-server)"
@@ -387,6 +389,30 @@ async def redis_fanout(port: int, size: int, consumers: int) -> tuple[int, float
     return sum(totals), elapsed
 
 
+Work = Callable[[int], Awaitable[tuple[int, float]]]
+"""One fan-out to ``n`` consumers through some system: (bytes delivered, seconds)."""
+
+
+BARE_NAMES = {"asyncio": "bare uvicorn", "uvloop": "bare uvicorn + uvloop"}
+"""The bare uvicorn reference on each event loop, by the loop's name."""
+
+
+def _daemon_work(url: str, token: str, size: int) -> Work:
+    return lambda n: daemon_fanout(url, token, size, n)
+
+
+def _bare_work(port: int, size: int) -> Work:
+    async def work(n: int) -> tuple[int, float]:
+        rate = await bare_run(port, n)
+        return n * size, n * size / rate
+
+    return work
+
+
+def _redis_work(port: int, size: int) -> Work:
+    return lambda n: redis_fanout(port, size, n)
+
+
 def _measure(
     runs: int, pid: int | None, work: Callable[[], Awaitable[tuple[int, float]]]
 ) -> tuple[list[float], list[float]]:
@@ -422,87 +448,84 @@ class Bench:
         print_table([row])
 
     # P1 + P7 (daemon CPU) --------------------------------------------------------------
-    def fanout(self, daemon: Any) -> dict[int, tuple[list[float], list[float]]]:
-        proc, info = daemon
-        size = (16 if self.quick else 64) * 1024 * 1024
-        out = {}
-        for n in self.args.consumers:
-            out[n] = _measure(
-                self.runs, proc.pid, lambda n=n: daemon_fanout(info.url, info.token, size, n)
-            )
+    def interleaved(
+        self, systems: dict[str, tuple[int, Work]], consumers: int
+    ) -> dict[str, tuple[list[float], list[float]]]:
+        """Every system's (GB/s, CPU-s per GB) at ``consumers``, run round by round: one
+        run of each per round, the order rotated every round, after a first round that
+        only warms them up. On a noisy machine a slow spell then lands on every system
+        alike, not on whichever was measured during it, and no first run (imports, the
+        first sandbox, cold caches) counts."""
+        names = list(systems)
+        out: dict[str, tuple[list[float], list[float]]] = {n: ([], []) for n in names}
+        for round_ in range(self.runs + 1):
+            shift = round_ % len(names)
+            for name in names[shift:] + names[:shift]:
+                pid, work = systems[name]
+                rates, cpu = _measure(1, pid, functools.partial(work, consumers))
+                if round_:
+                    out[name][0].extend(rates)
+                    out[name][1].extend(cpu)
         return out
 
-    def bare_fanout(self, source: str, size: int) -> dict[int, tuple[list[float], list[float]]]:
-        """The bare uvicorn app ``source`` at each consumer count: (GB/s, CPU-s per GB)."""
-        port = _free_port()
-        argv = [sys.executable, "-c", source, str(port), WRITER.format(blocks=size // CHUNK)]
-        out: dict[int, tuple[list[float], list[float]]] = {}
-        with running(argv, port) as proc:
-            for n in self.args.consumers:
-                rates, cpu = [], []
-                for _ in range(self.runs):
-                    before = cpu_seconds(proc.pid)
-                    rate = asyncio.run(bare_run(port, n))
-                    cpu_s = cpu_seconds(proc.pid) - before
-                    rates.append(rate / 1e9)
-                    cpu.append(cpu_s / (n * size / 1e9))
-                out[n] = (rates, cpu)
-        return out
-
-    def p1(self, daemon: Any, extra_daemons: dict[str, Any]) -> None:
-        size = (16 if self.quick else 64) * 1024 * 1024
+    def p1(self, daemon: Any, extra_daemons: dict[str, Any], loops: dict[str, str]) -> None:
+        """``loops``: the event loop each daemon (by name) serves on."""
+        # Per consumer. Large enough that what a round costs besides the fan-out (its
+        # requests, a sandbox and a process to create, ~20 ms of the daemon's CPU) is a
+        # few per cent of the CPU per GB, not a fifth of it as with 16 MiB.
+        size = (32 if self.quick else 128) * 1024 * 1024
         info = daemon[1]
         self.idle("P1")
-        ours = self.fanout(daemon)
-        variants = {name: self.fanout(d) for name, d in extra_daemons.items()}
+        with contextlib.ExitStack() as stack:
+            systems: dict[str, tuple[int, Work]] = {}
+            for name, (proc, d) in {"sandboxkit": daemon, **extra_daemons}.items():
+                systems[name] = (proc.pid, _daemon_work(d.url, d.token, size))
+            # The daemon serves on uvloop when it is installed (DaemonConfig.event_loop):
+            # then bare uvicorn on uvloop too, the like-for-like reference.
+            bare_loops = ["asyncio"] + (["uvloop"] if importlib.util.find_spec("uvloop") else [])
+            for loop in bare_loops:
+                port = _free_port()
+                source = BARE_APP.replace('loop="asyncio"', f'loop="{loop}"')
+                script = WRITER.format(blocks=size // CHUNK)
+                argv = [sys.executable, "-c", source, str(port), script]
+                proc = stack.enter_context(running(argv, port))
+                systems[BARE_NAMES[loop]] = (proc.pid, _bare_work(port, size))
+            found = stack.enter_context(redis_server())
+            if found is not None:
+                systems["Redis pub/sub"] = (found[0].pid, _redis_work(found[1], size))
+            measured = {n: self.interleaved(systems, n) for n in self.args.consumers}
         sdk = {
             n: _measure(self.runs, None, lambda n=n: sdk_fanout(info.url, info.token, size, n))[0]
             for n in self.args.consumers
         }
-        bare = self.bare_fanout(BARE_APP, size)
-        # The daemon serves on uvloop when it is installed (DaemonConfig.event_loop): then
-        # bare uvicorn on uvloop too, the like-for-like reference.
-        bare_uv = (
-            self.bare_fanout(BARE_APP.replace('loop="asyncio"', 'loop="uvloop"'), size)
-            if importlib.util.find_spec("uvloop") is not None
-            else None
-        )
-        redis: dict[int, tuple[list[float], list[float]]] | None = None
-        with redis_server() as found:
-            if found is not None:
-                rproc, rport = found
-                redis = {
-                    n: _measure(self.runs, rproc.pid, lambda n=n: redis_fanout(rport, size, n))
-                    for n in self.args.consumers
-                }
-        for n in self.args.consumers:
-            self.add(Row("P1", f"fan-out {n} raw consumer(s)", "GB/s", ours[n][0],
-                         "Redis pub/sub", redis[n][0] if redis else None,
-                         note="" if redis else REDIS_MISSING))  # fmt: skip
-            self.add(Row("P1", f"fan-out {n} raw consumer(s)", "GB/s", ours[n][0],
-                         "bare uvicorn", bare[n][0]))  # fmt: skip
-            if bare_uv is not None:
-                self.add(Row("P1", f"fan-out {n} raw consumer(s)", "GB/s", ours[n][0],
-                             "bare uvicorn + uvloop", bare_uv[n][0]))  # fmt: skip
-            for name, v in variants.items():
-                self.add(
-                    Row("P1", f"fan-out {n} raw consumer(s)", "GB/s", ours[n][0], name, v[n][0])
-                )
-            self.add(Row("P1", f"fan-out {n} SDK consumer(s)", "GB/s", sdk[n],
-                         "Redis pub/sub", redis[n][0] if redis else None,
-                         note="" if redis else REDIS_MISSING))  # fmt: skip
+        redis_note = "" if found is not None else REDIS_MISSING
         top = max(self.args.consumers)
-        self.add(Row("P7", f"daemon CPU-s per GB fanned out ({top})", "s/GB", ours[top][1],
-                     "bare uvicorn", bare[top][1]))  # fmt: skip
-        if bare_uv is not None:
-            self.add(Row("P7", f"daemon CPU-s per GB fanned out ({top})", "s/GB",
-                         ours[top][1], "bare uvicorn + uvloop", bare_uv[top][1]))  # fmt: skip
-        self.add(Row("P7", f"daemon CPU-s per GB fanned out ({top})", "s/GB", ours[top][1],
-                     "redis-server", redis[top][1] if redis else None,
-                     note="" if redis else REDIS_MISSING))  # fmt: skip
-        for name, v in variants.items():
-            self.add(Row("P7", f"daemon CPU-s per GB fanned out ({top})", "s/GB", ours[top][1],
-                         name, v[top][1]))  # fmt: skip
+
+        def figure(name: str, n: int, cpu: bool) -> list[float] | None:
+            got = measured[n].get(name)
+            return None if got is None else got[1 if cpu else 0]
+
+        for n in self.args.consumers:
+            for ref in ("Redis pub/sub", *BARE_NAMES.values(), *extra_daemons):
+                if ref in measured[n] or ref == "Redis pub/sub":
+                    self.add(Row("P1", f"fan-out {n} raw consumer(s)", "GB/s",
+                                 measured[n]["sandboxkit"][0], ref, figure(ref, n, False),
+                                 note=redis_note if ref == "Redis pub/sub" else ""))  # fmt: skip
+            self.add(Row("P1", f"fan-out {n} SDK consumer(s)", "GB/s", sdk[n],
+                         "Redis pub/sub", figure("Redis pub/sub", n, False),
+                         note=redis_note))  # fmt: skip
+        # Like for like: each daemon against bare uvicorn on the same event loop.
+        for name in ("sandboxkit", *extra_daemons):
+            loop = loops.get(name, "")
+            bare_ref = BARE_NAMES.get(loop)
+            if bare_ref is not None and bare_ref in measured[top]:
+                self.add(Row("P7", f"daemon CPU-s per GB fanned out ({top}), {name}"
+                             + ("" if name.endswith(loop) else f" on {loop}"),
+                             "s/GB", measured[top][name][1], bare_ref,
+                             measured[top][bare_ref][1]))  # fmt: skip
+        self.add(Row("P7", f"daemon CPU-s per GB fanned out ({top})", "s/GB",
+                     measured[top]["sandboxkit"][1], "redis-server",
+                     figure("Redis pub/sub", top, True), note=redis_note))  # fmt: skip
 
     # P3, P4, P5 unary ----------------------------------------------------------------
     def latency(self, info: Any) -> None:
@@ -738,6 +761,12 @@ class Bench:
 # -- main ----------------------------------------------------------------------------
 
 
+def _loop_of(env: dict[str, str] | None) -> str:
+    """The event loop a daemon started with ``env`` serves on (as the daemon picks it)."""
+    choice = (os.environ if env is None else env).get("SANDBOXKIT_EVENT_LOOP", "auto")
+    return "asyncio" if event_loop_factory(choice) is None else "uvloop"
+
+
 def _fast_env(fast_path: str | None, on: bool) -> dict[str, str]:
     env = dict(os.environ)
     if fast_path:
@@ -784,11 +813,19 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         main_env = _fast_env(args.fast_path, on=False) if args.fast_path else None
         daemon = stack.enter_context(local_daemon(*retention, env=main_env))
+        loops = {"sandboxkit": _loop_of(main_env)}
         extra: dict[str, Any] = {}
         if args.fast_path:
             extra["daemon + uvloop/httptools"] = stack.enter_context(
                 local_daemon(*retention, env=_fast_env(args.fast_path, on=True))
             )
+            loops["daemon + uvloop/httptools"] = "uvloop"
+        elif loops["sandboxkit"] == "uvloop" and "P1" in args.sections:
+            # A plain install serves on asyncio: measured too, against its own reference.
+            extra["sandboxkit on asyncio"] = stack.enter_context(
+                local_daemon(*retention, env=_fast_env(None, on=False))
+            )
+            loops["sandboxkit on asyncio"] = "asyncio"
         if args.baseline_daemon:
             extra["baseline daemon"] = stack.enter_context(
                 local_daemon(*retention, cwd=args.baseline_daemon.resolve())
@@ -800,7 +837,7 @@ def main() -> None:
             )
         info = daemon[1]
         if "P1" in args.sections:
-            bench.p1(daemon, extra)
+            bench.p1(daemon, extra, loops)
         if "P3" in args.sections:
             bench.latency(info)
         if "P5" in args.sections:

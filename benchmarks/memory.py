@@ -3,7 +3,10 @@ files, a small cache of the newest frames) against the log kept in memory, in on
 
 Sections:
 
-* **daemon** — a daemon per run, in its own process (its RSS is what is measured). One
+* **daemon** — a daemon per run, in its own process (its RSS is what is measured: the
+  anonymous part, the daemon's own memory; readers behind the cache read sealed segment
+  files through mappings, whose resident pages are page cache the kernel may reclaim,
+  counted in RSS as file pages and left out here). One
   process writes either 64 KiB blocks or 1-byte writes, while a raw-socket consumer
   reads its stream from cursor 0 as fast as it can (so 1-byte writes stay 1-byte chunks:
   the worst case for bookkeeping). Reported: the daemon's RSS growth per MB of output
@@ -101,7 +104,12 @@ class Daemon:
         return float(times.user + times.system)
 
     def rss_mib(self) -> float:
-        return psutil.Process(self.process.pid).memory_info().rss / MIB
+        """Anonymous resident memory (``RssAnon``): RSS less mapped file pages."""
+        with open(f"/proc/{self.process.pid}/status") as status:
+            for line in status:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024 / MIB
+        return psutil.Process(self.process.pid).memory_info().rss / MIB  # not Linux
 
     def stop(self) -> None:
         assert self.process.stdin is not None

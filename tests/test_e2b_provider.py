@@ -18,10 +18,10 @@ import pytest
 from conftest import fast_config, wait_until
 from test_notebook_panel import custom, last_status, recording_comms, screen
 
-from sandboxkit import AsyncSandbox, Sandbox
+from sandboxkit import AsyncCommandHandle, AsyncSandbox, Sandbox
 from sandboxkit.client.stream import GapInfo
 from sandboxkit.daemon.server import DaemonServer
-from sandboxkit.errors import CommandExitError, ResultUnavailable
+from sandboxkit.errors import CommandExitError, OutputIncomplete, ResultUnavailable
 from sandboxkit.notebook import BackpressureChart, LifecycleTimeline, ProcessPanel
 from sandboxkit.notebook.dashboard import SandboxDashboard
 from sandboxkit.providers import ProviderUnavailable, ProviderUnsupported, UnknownGap
@@ -238,6 +238,54 @@ async def test_async_provider_restart_and_client_side_journal(envd_url: str) -> 
         frame = await sbx.consumers()
         assert frame.attrs["scope"] == "client"
         await sbx.commands.kill(new.pid)
+    finally:
+        await sbx.close()
+
+
+@pytest.mark.timeout(30)
+async def test_a_foreground_run_is_complete_or_says_what_is_missing(envd_url: str) -> None:
+    """``run()`` in the foreground through the provider: output beyond ``keep_output`` is
+    an OutputIncomplete with its exact count; a gap E2B cannot size (recorded here as the
+    tap records a stream it had to reopen) is one with ``bytes_lost=None``, unless
+    ``on_gap`` takes it; ``on_end`` gets the handle; ``stdin_session`` is refused."""
+    sbx = await AsyncSandbox.create(provider="e2b", url=envd_url)
+    try:
+        ended: list[AsyncCommandHandle] = []
+        with pytest.raises(OutputIncomplete) as caught:
+            await sbx.commands.run("printf 0123456789", keep_output=4, on_end=ended.append)
+        assert caught.value.bytes_lost == 6 and "6 bytes of its output" in str(caught.value)
+        assert caught.value.result is not None and caught.value.result.stdout == "6789"
+        assert [(h.exit_code, h.error) for h in ended] == [(0, None)]
+        argv = await sbx.commands.run(["printf", "%s|", "a b", "c"])  # an argv, quoted
+        assert argv.stdout == "a b|c|" and (await sbx.commands.get(argv.pid)).argv is None
+
+        async def run_across_a_cut(**options: object) -> object:
+            first = asyncio.Event()
+            run = asyncio.create_task(
+                sbx.commands.run(  # type: ignore[call-overload]
+                    "echo before; read x; echo after $x",
+                    on_stdout=lambda line: first.set(),
+                    **options,
+                )
+            )
+            await asyncio.wait_for(first.wait(), 10)
+            (pid,) = [p.pid for p in await sbx.commands.list() if p.state == "running"]
+            sbx._logs[pid].unknown_gap("E2B replays nothing printed while its stream was cut")  # type: ignore[attr-defined]
+            with pytest.raises(ProviderUnsupported):
+                sbx.commands.stdin_session(pid)
+            await sbx.commands.send_stdin(pid, "now\n")
+            return await asyncio.wait_for(run, 10)
+
+        with pytest.raises(OutputIncomplete, match="an unknown amount") as caught:
+            await run_across_a_cut()
+        assert caught.value.bytes_lost is None and caught.value.result is not None
+        assert caught.value.result.stdout == (
+            "before\n\n[sandboxkit: an unknown amount of output missing here]\nafter now\n"
+        )
+        gaps: list[GapInfo | UnknownGap] = []
+        result = await run_across_a_cut(on_gap=gaps.append)
+        assert getattr(result, "stdout", None) == "before\nafter now\n"
+        assert [(type(g), g.bytes_lost, g.cursor) for g in gaps] == [(UnknownGap, None, 7)]
     finally:
         await sbx.close()
 

@@ -186,9 +186,10 @@ async def test_cursor_never_stalls_whatever_the_ghost(
 
 # -- 3. F2 as shipped: kick + k ghosts delays a refresh by k x grace, serially ----------
 
-KICK_RESPONSE = 400_000
-"""Three of these per refresh (1.2 MB) overflow every TCP ghost: ~250 KB of socket buffers
-plus KICK_QUEUE chunks of at most 64 KB."""
+KICK_RESPONSE = (300_000 + KICK_QUEUE * DaemonConfig().read_chunk) * 2 // 3
+"""Three of these per refresh overflow every TCP ghost twice over: ~250 KB of socket
+buffers plus KICK_QUEUE chunks of at most ``read_chunk`` (the refresh writes each at once,
+so its chunks are that large)."""
 
 
 class TimedRpcClient(JsonRpcClient):

@@ -25,7 +25,7 @@ from sandboxkit.daemon.host import Host
 from sandboxkit.daemon.output_log import Chunk, Gap, OutputLog
 from sandboxkit.daemon.process import ManagedProcess, ProcessSpec
 from sandboxkit.daemon.sandbox import ManagedSandbox
-from sandboxkit.wire import Frame, FrameDecoder, FrameKind
+from sandboxkit.wire import Frame, FrameDecoder, FrameKind, encode_frame_head
 
 _BIG = 10**9  # a retention nothing in these tests reaches
 
@@ -826,4 +826,36 @@ def test_segment_files_removed_under_the_log_are_a_gap_not_an_error(tmp_path: Pa
     assert log.disk_error is not None
     log.append("stdout", b"more")  # and the log goes on
     assert log.read(64, 1 << 20)[1][0].data == b"more"
+    log.close()
+
+
+def test_chunks_read_from_disk_stay_intact_while_their_segment_is_evicted(
+    tmp_path: Path,
+) -> None:
+    """A consumer holds chunks it read from a sealed segment (views of the file's mapping,
+    not copies) and has not sent them yet, while the producer writes on: the segment is
+    evicted and its file, kept for reuse, would be written over by the next segment. The
+    bytes the consumer holds must not change."""
+    log = OutputLog(64 * 1024, directory=tmp_path / "log", cache_bytes=4096, segment_bytes=8192)
+    for i in range(8):
+        log.append("stdout", bytes([i]) * 4096)
+    gap, held = log.read(0, 8192)
+    assert gap is None and [c.seq for c in held] == [0, 1]
+    assert all(isinstance(c.data, memoryview) for c in held)  # read back without a copy
+    for i in range(8, 64):  # 256 KiB more: segment 0 and many after it are evicted
+        log.append("stdout", bytes([i]) * 4096)
+    assert log.first_seq > 8
+    assert [bytes(c.data) for c in held] == [b"\0" * 4096, b"\1" * 4096]
+    assert [bytes(c.head) for c in held] == [
+        encode_frame_head(
+            FrameKind.DATA, {"seq": c.seq, "stream": "stdout", "offset": c.offset, "ts": c.ts}, 4096
+        )
+        for c in held
+    ]
+    # Once nothing holds them, files are reused again (the spare), and the log reads on.
+    del held, gap
+    for i in range(64, 80):
+        log.append("stdout", bytes([i]) * 4096)
+    _, chunks = log.read(log.first_seq, 1 << 20)
+    assert [bytes(c.data) for c in chunks] == [bytes([c.seq]) * 4096 for c in chunks]
     log.close()

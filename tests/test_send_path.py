@@ -1,8 +1,9 @@
-"""The daemon's send path at full rate (issue 11): several frames per send, byte-exact, and
-the choice of event loop."""
+"""The daemon's send path at full rate (issue 11): several frames per send, byte-exact, the
+send buffer a consumer gets, and the choice of event loop."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import struct
 import sys
@@ -10,11 +11,15 @@ import time
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from support import ChunkedDecoder
 
+from sandboxkit.daemon.app import _unsent
 from sandboxkit.daemon.host import Host
 from sandboxkit.daemon.process import ProcessSpec
 from sandboxkit.daemon.server import DaemonServer, event_loop_factory
+from sandboxkit.daemon.tcp_peer import MAX_SEND_BUFFER, SEND_BUFFER, size_send_buffer
 from sandboxkit.wire import FrameDecoder, FrameKind
 
 BLOCKS = 32  # 64 KiB writes: 2 MiB in all
@@ -41,6 +46,7 @@ class CountingSink:
 
 
 async def test_frames_are_coalesced_into_fewer_sends_byte_exact(host: Host) -> None:
+    host.config.read_chunk = 16 * 1024  # many small frames
     sbx = await host.create_sandbox()
     process = await sbx.start_process(ProcessSpec(argv=(sys.executable, "-c", WRITER)))
     await process.wait()
@@ -170,3 +176,63 @@ def test_under_uvloop_a_pty_process_reads_stdin_and_quick_exits_start_cleanly() 
     assert frames[-1].kind is FrameKind.END and frames[-1].meta["exit_code"] == 0
     output = b"".join(f.payload for f in frames if f.kind is FrameKind.DATA)
     assert b"got:HI" in output, output
+
+
+class PacedSink(CountingSink):
+    """Takes each send at ``rate`` bytes per second (a transport draining at that rate),
+    and records the send buffer the consumer asks it for."""
+
+    def __init__(self, rate: float) -> None:
+        super().__init__()
+        self.rate = rate
+        self.buffers: list[int] = []
+
+    async def send(self, data: bytes) -> None:
+        await asyncio.sleep(len(data) / self.rate)  # sleep-ok: the transport's drain rate
+        await super().send(data)
+
+    def size_send_buffer(self, nbytes: int) -> None:
+        self.buffers.append(nbytes)
+
+
+@pytest.mark.parametrize(("rate", "stall", "fast"), [(20e6, 10.0, True), (2e6, 0.2, False)])
+async def test_a_consumer_sizes_its_send_buffer_to_what_its_peer_drains(
+    host: Host, rate: float, stall: float, fast: bool
+) -> None:
+    """A peer that drains fast gets a large kernel buffer (fewer, fuller writes); one that
+    drains slowly keeps the small one, so its progress stays visible within the stall
+    timeout (tests/test_kick.py, the slow consumer)."""
+    host.config.stall_timeout = stall
+    sbx = await host.create_sandbox()
+    half_mib = "import sys; sys.stdout.buffer.write(b'x' * 524288)"
+    process = await sbx.start_process(ProcessSpec(argv=(sys.executable, "-c", half_mib)))
+    await process.wait()
+    sink = PacedSink(rate)
+    await host.start_stream(host.open_consumer(process, 0), sink)
+    assert sink.buffers, "no send waited: the consumer never sized the buffer"
+    # What the peer drains in a quarter of the stall timeout.
+    assert all(n == pytest.approx(rate * stall / 4, rel=0.5) for n in sink.buffers), sink.buffers
+    sizes = {size_send_buffer(socket.socket(), n, 0) for n in sink.buffers}
+    assert sizes == ({MAX_SEND_BUFFER} if fast else {SEND_BUFFER}), sink.buffers
+
+
+def test_send_buffer_sizes_are_powers_of_two_within_bounds() -> None:
+    with socket.socket() as sock:
+        assert size_send_buffer(sock, 1, 0) == SEND_BUFFER
+        assert size_send_buffer(sock, 3 * SEND_BUFFER, 0) == 2 * SEND_BUFFER
+        kernel = sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+        assert size_send_buffer(sock, 10**12, 2 * SEND_BUFFER) == MAX_SEND_BUFFER
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) > kernel  # (or capped)
+        # Unchanged: no system call.
+        assert size_send_buffer(None, MAX_SEND_BUFFER, MAX_SEND_BUFFER) == MAX_SEND_BUFFER
+
+
+@settings(max_examples=300, deadline=None)
+@given(parts=st.lists(st.binary(max_size=40), max_size=8), cut=st.integers(0, 400))
+def test_what_the_kernel_did_not_take_is_the_exact_rest(parts: list[bytes], cut: int) -> None:
+    """The daemon writes a body chunk's parts to the socket itself (asyncio); whatever
+    prefix the kernel took, the rest goes to the transport byte-exact."""
+    whole = b"".join(parts)
+    sent = min(cut, len(whole))
+    views: list[bytes | memoryview] = [memoryview(p) if i % 2 else p for i, p in enumerate(parts)]
+    assert _unsent(views, sent) == whole[sent:]

@@ -6,6 +6,7 @@ import asyncio
 import inspect
 import signal
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal, overload
 
 from sandboxkit.client.api import ApiClient
@@ -61,13 +62,29 @@ def _retrieve(task: asyncio.Task[Any]) -> None:
         task.exception()
 
 
-__all__ = ["AsyncCommandHandle", "AsyncCommands", "OnEnd"]
+__all__ = ["AsyncCommandHandle", "AsyncCommands", "FollowOptions", "OnEnd"]
 
 OnEnd = Callable[["AsyncCommandHandle"], Any]
 """Called once with the handle when it stops following its process — the process exited
 (``handle.exit_code``), the stream ended with an error (``handle.error``), or the handle
 was disconnected (neither) — after the last output callback. Sync or async; an async one
 runs as a task of the sandbox client, so it is not run once the client is closed."""
+
+
+@dataclass(frozen=True)
+class FollowOptions:
+    """How a handle's reader delivers a process's output: what :meth:`AsyncCommands.run`
+    and :meth:`AsyncCommands.connect` were given (see there), passed whole to the
+    :meth:`AsyncCommands._open_stream` hook."""
+
+    on_stdout: OutputCallback | None = None
+    on_stderr: OutputCallback | None = None
+    on_gap: OnGap = None
+    lines: bool = True
+    role: str | None = None
+    on_stdout_bytes: BytesCallback | None = None
+    on_stderr_bytes: BytesCallback | None = None
+    keep_output: KeepOutput = DEFAULT_KEEP_OUTPUT
 
 
 class AsyncCommandHandle:
@@ -208,7 +225,14 @@ class AsyncCommandHandle:
 
 
 class AsyncCommands:
-    """``sbx.commands``: start processes and follow their output."""
+    """``sbx.commands``: start processes and follow their output.
+
+    ``run``, ``connect`` and the handles they return are the same for every backend. A
+    provider (:mod:`sandboxkit.providers`) subclasses this class and overrides, besides the
+    calls that go to its own API (``list``, ``kill``, ``send_stdin``...), only these hooks:
+    :meth:`_start_process` (start a process), :meth:`_prepare_follow` (check a pid before
+    a handle exists), :meth:`_open_stream` (the reader a handle runs) and
+    :meth:`_incomplete_error` (how a foreground result's missing output is reported)."""
 
     def __init__(self, api: ApiClient, sandbox_id: str, owner: TaskOwner) -> None:
         self._api = api
@@ -235,15 +259,22 @@ class AsyncCommands:
     ) -> ProcessInfo:
         """Start a process without following it. A list is an argv; a string, a shell
         command. No deadline unless ``timeout`` is given (F10)."""
-        body: dict[str, Any] = {
+        self._owner.check()
+        spec: dict[str, Any] = {
             "envs": envs or {},
             "cwd": cwd,
             "timeout": timeout,
             "pty": pty,
             "tag": tag,
         }
-        body["argv" if isinstance(cmd, list) else "cmd"] = cmd
-        return ProcessInfo.from_json(await self._call("POST", self._path(), json=body))
+        spec["argv" if isinstance(cmd, list) else "cmd"] = cmd
+        return await self._start_process(spec)
+
+    async def _start_process(self, spec: dict[str, Any]) -> ProcessInfo:
+        """Hook: start the process ``spec`` describes — ``cmd`` (a shell command) or
+        ``argv``, and ``envs``, ``cwd``, ``timeout``, ``pty``, ``tag`` as :meth:`start`
+        was given them. Here ``spec`` is the daemon's request body."""
+        return ProcessInfo.from_json(await self._call("POST", self._path(), json=spec))
 
     @overload
     async def run(
@@ -345,18 +376,16 @@ class AsyncCommands:
         if keep_output is None:
             keep_output = DEFAULT_KEEP_OUTPUT if background else True
         info = await self.start(cmd, envs=envs, cwd=cwd, timeout=timeout, pty=pty)
-        handle = self._follow(
-            info.pid,
-            0,
-            on_stdout,
-            on_stderr,
-            on_gap,
-            lines,
+        options = FollowOptions(
+            on_stdout=on_stdout,
+            on_stderr=on_stderr,
+            on_gap=on_gap,
+            lines=lines,
             on_stdout_bytes=on_stdout_bytes,
             on_stderr_bytes=on_stderr_bytes,
             keep_output=keep_output,
-            on_end=on_end,
         )
+        handle = self._follow(info.pid, 0, options, on_end)
         if background:
             return handle
         try:
@@ -364,20 +393,31 @@ class AsyncCommands:
         except asyncio.CancelledError:
             await handle.disconnect()
             raise
-        stream = handle.stream
-        lost = stream.bytes_dropped + (stream.stats.bytes_lost if on_gap is None else 0)
-        if lost:
-            raise OutputIncomplete(
-                f"process {result.pid} exited 0 but {lost} bytes of its output are missing "
-                f"from the result ({stream.stats.bytes_lost} evicted by the daemon before "
-                f"they were read, {stream.bytes_dropped} beyond keep_output); "
-                "error.result has the rest",
-                pid=result.pid,
-                exit_code=result.exit_code,
-                bytes_lost=lost,
-                result=result,
-            )
+        incomplete = self._incomplete_error(result, handle.stream, on_gap)
+        if incomplete is not None:
+            raise incomplete
         return result
+
+    def _incomplete_error(
+        self, result: CommandResult, stream: ProcessStream, on_gap: OnGap
+    ) -> OutputIncomplete | None:
+        """Hook: the error a foreground :meth:`run` raises because ``result`` (exit 0)
+        misses output its ``stream`` lost — to gaps, unless ``on_gap`` took them, or
+        beyond ``keep_output`` — or ``None`` when it is complete. Here every gap has a
+        size: the bytes the daemon evicted before they were read."""
+        lost = stream.bytes_dropped + (stream.stats.bytes_lost if on_gap is None else 0)
+        if not lost:
+            return None
+        return OutputIncomplete(
+            f"process {result.pid} exited 0 but {lost} bytes of its output are missing "
+            f"from the result ({stream.stats.bytes_lost} evicted by the daemon before "
+            f"they were read, {stream.bytes_dropped} beyond keep_output); "
+            "error.result has the rest",
+            pid=result.pid,
+            exit_code=result.exit_code,
+            bytes_lost=lost,
+            result=result,
+        )
 
     async def connect(
         self,
@@ -402,42 +442,9 @@ class AsyncCommands:
         ``kick`` the cursor cannot be honoured (those designs deliver new output only):
         the stream starts where the policy is and a
         :class:`~sandboxkit.lab_options.LabCursorIgnored` warning says so."""
-        await self._call("GET", self._path(pid))
-        return self._follow(
-            pid,
-            cursor,
-            on_stdout,
-            on_stderr,
-            on_gap,
-            lines,
-            role,
-            on_stdout_bytes=on_stdout_bytes,
-            on_stderr_bytes=on_stderr_bytes,
-            keep_output=keep_output,
-            on_end=on_end,
-        )
-
-    def _follow(
-        self,
-        pid: int,
-        cursor: int | None,
-        on_stdout: OutputCallback | None,
-        on_stderr: OutputCallback | None,
-        on_gap: OnGap,
-        lines: bool,
-        role: str | None = None,
-        *,
-        on_stdout_bytes: BytesCallback | None,
-        on_stderr_bytes: BytesCallback | None,
-        keep_output: KeepOutput,
-        on_end: OnEnd | None = None,
-    ) -> AsyncCommandHandle:
         self._owner.check()
-        stream = ProcessStream(
-            self._api,
-            self._sandbox_id,
-            pid,
-            cursor,
+        await self._prepare_follow(pid)
+        options = FollowOptions(
             on_stdout=on_stdout,
             on_stderr=on_stderr,
             on_gap=on_gap,
@@ -447,7 +454,40 @@ class AsyncCommands:
             on_stderr_bytes=on_stderr_bytes,
             keep_output=keep_output,
         )
-        return AsyncCommandHandle(self, stream, on_end)
+        return self._follow(pid, cursor, options, on_end)
+
+    async def _prepare_follow(self, pid: int) -> None:
+        """Hook: make ``pid`` ready to be followed before :meth:`connect` makes a handle,
+        raising ResultUnavailable for an unknown or evicted pid. Here the daemon is asked
+        about it (its output log is already there)."""
+        await self._call("GET", self._path(pid))
+
+    def _follow(
+        self, pid: int, cursor: int | None, options: FollowOptions, on_end: OnEnd | None
+    ) -> AsyncCommandHandle:
+        self._owner.check()
+        return AsyncCommandHandle(self, self._open_stream(pid, cursor, options), on_end)
+
+    def _open_stream(self, pid: int, cursor: int | None, options: FollowOptions) -> ProcessStream:
+        """Hook: the reader a handle runs, following ``pid``'s output from ``cursor``
+        (``None``: the oldest kept) and delivering it as ``options`` say. Here a stream
+        of the daemon's output log; a provider's reader offers what the handle and the
+        widgets read of a :class:`ProcessStream` (cursor, output, stats, states,
+        ``run()``, ``flush_lines()``)."""
+        return ProcessStream(
+            self._api,
+            self._sandbox_id,
+            pid,
+            cursor,
+            on_stdout=options.on_stdout,
+            on_stderr=options.on_stderr,
+            on_gap=options.on_gap,
+            lines=options.lines,
+            role=options.role,
+            on_stdout_bytes=options.on_stdout_bytes,
+            on_stderr_bytes=options.on_stderr_bytes,
+            keep_output=options.keep_output,
+        )
 
     async def try_run(self, cmd: str | list[str], **options: Any) -> Ok[CommandResult] | Failed:
         """:meth:`run` in the foreground, returning ``Ok(result)`` or ``Failed(error)``

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import secrets
+from asyncio import selector_events
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -50,7 +52,7 @@ from sandboxkit.daemon.schema import (
     decode_query,
     encode_json,
 )
-from sandboxkit.daemon.tcp_peer import window_closed_for
+from sandboxkit.daemon.tcp_peer import SEND_BUFFER, size_send_buffer, window_closed_for
 from sandboxkit.errors import (
     FileNotFound,
     InvalidArgument,
@@ -124,6 +126,20 @@ _CYCLE = "sandboxkit.http_cycle"
 """Scope key of uvicorn's request cycle for this request (see :class:`_ExposeCycle`)."""
 
 
+_SELECTOR_TRANSPORT: Any = getattr(selector_events, "_SelectorSocketTransport", ())
+"""asyncio's own socket transport (private, hence looked up: ``()`` matches nothing)."""
+_IOV_MAX = 1024
+
+
+def _unsent(parts: list[bytes | memoryview], sent: int) -> bytes:
+    """What is left of the concatenation of ``parts`` after its first ``sent`` bytes."""
+    for i, part in enumerate(parts):
+        if sent < len(part):
+            return b"".join([memoryview(part)[sent:], *parts[i + 1 :]])
+        sent -= len(part)
+    return b""
+
+
 class _AsgiSink:
     """A consumer's transport: the body of one chunked HTTP response.
 
@@ -138,6 +154,10 @@ class _AsgiSink:
         self._cycle = cycle
         transport = getattr(cycle, "transport", None)
         self._socket = None if transport is None else transport.get_extra_info("socket")
+        self._send_buffer = SEND_BUFFER  # inherited from the listener
+        self._fd: int | None = None  # asyncio's own transport: see send_parts
+        if isinstance(transport, _SELECTOR_TRANSPORT) and self._socket is not None:
+            self._fd = self._socket.fileno()
         self._closing = False
         self._gone = asyncio.Event()  # never set: waited on until the stream is cancelled
         self.closed = asyncio.Event()
@@ -146,7 +166,12 @@ class _AsgiSink:
         """How long the peer has taken no bytes while some wait in the socket."""
         return None if self._socket is None else window_closed_for(self._socket)
 
-    async def send_parts(self, parts: list[bytes], size: int) -> None:
+    def size_send_buffer(self, nbytes: int) -> None:
+        """Let the kernel hold about ``nbytes`` for this peer (see tcp_peer)."""
+        if self._socket is not None:
+            self._send_buffer = size_send_buffer(self._socket, nbytes, self._send_buffer)
+
+    async def send_parts(self, parts: list[bytes | memoryview], size: int) -> None:
         """Send the concatenation of ``parts`` as one body chunk, joined once."""
         cycle = self._cycle
         if cycle is None:
@@ -160,9 +185,23 @@ class _AsgiSink:
             # to write. Wait for the disconnect to cancel this stream rather than drop
             # bytes in a loop that never yields.
             await self._gone.wait()
-        # One chunk of the chunked body. ``writelines``: uvloop hands the parts to the
-        # socket as they are (one gathered send, no join); asyncio joins them, once.
-        transport.writelines([b"%x\r\n" % size, *parts, b"\r\n"])
+        # One chunk of the chunked body.
+        head = b"%x\r\n" % size
+        chunk = [head, *parts, b"\r\n"]
+        if self._fd is None or transport.get_write_buffer_size() or len(chunk) > _IOV_MAX:
+            # uvloop hands the parts to the socket as they are (one gathered send, no
+            # join); asyncio joins them once, behind what its buffer holds.
+            transport.writelines(chunk)
+            return
+        # asyncio's transport, its buffer empty: written here, gathered, and only what
+        # the kernel did not take goes to the transport (which would join all of it, then
+        # copy what the kernel did not take twice more).
+        try:
+            sent = os.writev(self._fd, chunk)
+        except OSError:  # full, or broken: the transport reports that its own way
+            sent = 0
+        if sent < len(head) + size + 2:
+            transport.write(_unsent(chunk, sent))
 
     async def send(self, data: bytes) -> None:
         if self._cycle is not None and data:

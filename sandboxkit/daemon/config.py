@@ -35,7 +35,7 @@ class DaemonConfig:
     retention_bytes: int = 64 * 1024 * 1024
     """Output kept per process, on disk: in append-only segment files under the sandbox's
     runtime directory (beside its working directory), removed with the process's result.
-    The oldest output is evicted first, a segment (an eighth of this, at most 64 MiB) at a
+    The oldest output is evicted first, a segment (an eighth of this, at most 8 MiB) at a
     time. Each chunk is charged what it takes on disk (its payload, frame header and index
     record, ~120 bytes beyond the payload), so this bounds disk whatever the write pattern:
     for large writes it is about the payload kept, for 1-byte writes far less payload.
@@ -44,7 +44,8 @@ class DaemonConfig:
     this: it can be raised to gigabytes."""
     output_cache_bytes: int = 8 * 1024 * 1024
     """Memory per process for its newest output (encoded frames), from which consumers that
-    keep up are served; those further behind read from the segment files (the page cache).
+    keep up are served; those further behind read the segment files, mapped (views of the
+    page cache, no copy; the one being written is read with a copy).
     What a process's output costs the daemon's memory, with some kB of bookkeeping (a
     process that wrote less holds less). 8 MiB, not 1: at full producer speed the
     consumers of a fast writer drain at their sockets' pace and fall several MiB behind
@@ -69,8 +70,11 @@ class DaemonConfig:
     hold them) before recording the exit."""
     shutdown_drain: float = 5.0
     """On daemon shutdown, bound on waiting for streams to finish before processes are killed."""
-    read_chunk: int = 64 * 1024
-    """Largest single output chunk."""
+    read_chunk: int = 256 * 1024
+    """Largest single output chunk: a read of the process's output larger than this is
+    split. As large as a pipe read gets: every chunk costs each of its consumers the same
+    bookkeeping whatever its size, and 64 KiB chunks cost the daemon about a tenth more
+    CPU per GB fanned out at 16 consumers (benchmarks/compare.py, P7)."""
     send_batch: int = 256 * 1024
     """Largest number of bytes a consumer hands its transport in one send."""
     journal_size: int = 20_000
@@ -94,11 +98,10 @@ class DaemonConfig:
     event_loop: str = field(default_factory=lambda: os.environ.get("SANDBOXKIT_EVENT_LOOP", "auto"))
     """``auto`` (default: uvloop when installed, ``pip install 'sandboxkit[fast]'``, else
     asyncio's own loop), ``asyncio`` or ``uvloop``; ``$SANDBOXKIT_EVENT_LOOP`` sets the
-    default. uvloop's transports write without copying into a Python buffer: at 16 consumers
-    the daemon's CPU per GB fanned out was 0.55-0.71 s with it, 0.91-0.93 s without (same
-    run, h11 both, py-spy: asyncio's socket ``write``/``_write_ready`` were ~40 % of the
-    daemon). Once opt-in because a pty process's stdin failed under it (fixed: the daemon
-    writes a pty's input itself, tests/test_send_path.py)."""
+    default. On either, the daemon's CPU per GB fanned out is within 1.2x of bare uvicorn's
+    on the same loop (benchmarks/compare.py, P7); uvloop's is the lower. Once opt-in
+    because a pty process's stdin failed under it (fixed: the daemon writes a pty's input
+    itself, tests/test_send_path.py)."""
     http: str = field(default_factory=lambda: os.environ.get("SANDBOXKIT_HTTP", "auto"))
     """uvicorn's HTTP implementation: ``auto`` (httptools when installed, as with
     ``sandboxkit[fast]``), ``h11`` or ``httptools``; ``$SANDBOXKIT_HTTP`` sets the default."""

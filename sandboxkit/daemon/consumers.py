@@ -92,7 +92,11 @@ PeerProbe = Callable[[], float | None]
 """A sink may also offer ``window_closed_for()``: how long its peer has taken no bytes
 while some wait (see :func:`sandboxkit.daemon.tcp_peer.window_closed_for`), or ``None``."""
 
-SendParts = Callable[[list[bytes], int], Awaitable[None]]
+SizeBuffer = Callable[[int], None]
+"""A sink may also offer ``size_send_buffer(nbytes)``: let its transport hold about
+``nbytes`` for the peer (what the peer drains in a quarter of the stall timeout)."""
+
+SendParts = Callable[[list[bytes | memoryview], int], Awaitable[None]]
 """A sink may also offer ``send_parts(parts, size)``: send the concatenation of ``parts``
 (``size`` bytes), joining them itself with its own framing in one copy."""
 
@@ -146,6 +150,7 @@ class Consumer:
         self._feed: Feed | None = None
         self._peer_probe: PeerProbe | None = None
         self._send_parts: SendParts | None = None
+        self._size_buffer: SizeBuffer | None = None
         self._requested = cursor
         self._kick_request: tuple[str, float] | None = None
         self._watchdog: asyncio.TimerHandle | None = None
@@ -254,6 +259,7 @@ class Consumer:
         self._task = asyncio.current_task()
         self._peer_probe = getattr(sink, "window_closed_for", None)
         self._send_parts = getattr(sink, "send_parts", None)
+        self._size_buffer = getattr(sink, "size_send_buffer", None)
         self._feed = feed = self.source.fanout.attach(self.cursor, self.kick)
         self.cursor = feed.start
         self._record("consumer.attached", cursor=self.cursor)
@@ -382,13 +388,15 @@ class Consumer:
             await self._send_batch(sink, batch)
 
     async def _send_batch(self, sink: FrameSink, batch: list[Chunk]) -> None:
-        parts: list[bytes] = []
+        parts: list[bytes | memoryview] = []
         for chunk in batch:
             parts += (chunk.head, chunk.data)
         await self._send(sink, parts, frames=len(batch))
         self.cursor = batch[-1].seq + 1
 
-    async def _send(self, sink: FrameSink, data: bytes | list[bytes], frames: int = 1) -> None:
+    async def _send(
+        self, sink: FrameSink, data: bytes | list[bytes | memoryview], frames: int = 1
+    ) -> None:
         self._sending_since = started = time.monotonic()
         if self._watchdog is None:
             self._arm_watchdog(started)
@@ -409,8 +417,11 @@ class Consumer:
             # a quarter of the stall timeout, so a slow reader's sends stay short and it
             # shows progress as often as with one frame per send (it is never kicked for
             # reading slowly), while a fast one gets up to ``send_batch`` per send.
+            # The transport's own buffer is sized by the same rule.
             drained = size / took * self._feed.stall_timeout / 4
             self._coalesce = int(min(self.config.send_batch, drained))
+            if self._size_buffer is not None:
+                self._size_buffer(int(drained))
         self.bytes_sent += size
         self.frames_sent += frames
         self.last_send = time.time()

@@ -11,6 +11,7 @@ from array import array
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from sandboxkit.daemon import heap
 from sandboxkit.daemon.segment_store import INDEX_RECORD, MAX_SEGMENT, SegmentStore
@@ -25,15 +26,19 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class Chunk:
+class Chunk(NamedTuple):
     """One piece of output: ``seq`` is monotonic per process, ``offset`` counts every byte
     the process wrote before this chunk (all streams).
 
     The chunk keeps its ``data`` frame encoded once as ``head`` (header and metadata)
     plus the output bytes as read, not joined: copying every 64 KiB read into a new frame
     was up to half the daemon's CPU with a large retention (fresh heap pages, faulted in).
-    A consumer joins heads and payloads into the one buffer it sends anyway.
+    A consumer joins heads and payloads into the one buffer it sends anyway. A chunk read
+    back from disk holds views into the buffer of that read instead of copies.
+
+    A named tuple, not a frozen dataclass: a reader behind the cache builds one per chunk
+    it reads, and a frozen dataclass's ``__init__`` (a ``object.__setattr__`` per field)
+    was a tenth of that read's CPU.
     """
 
     seq: int
@@ -41,14 +46,14 @@ class Chunk:
     offset: int
     ts: float
     size: int
-    head: bytes
-    data: bytes
-    """The output bytes."""
+    head: bytes | memoryview
+    data: bytes | memoryview
+    """The output bytes (a view, for a chunk read back from disk)."""
 
     @property
     def frame(self) -> bytes:
         """The encoded ``data`` frame (a copy: senders join ``head`` and ``data``)."""
-        return self.head + self.data
+        return b"".join((self.head, self.data))
 
     @property
     def frame_size(self) -> int:
@@ -141,7 +146,7 @@ class OutputLog:
         ``directory``: keep the log on disk there (created if missing; the log owns it
         and :meth:`close` removes it), caching ``cache_bytes`` of the newest frames in
         memory; segment files of ``segment_bytes`` (default: an eighth of the retention,
-        at most 64 MiB). Without it, the log is kept in memory."""
+        at most 8 MiB). Without it, the log is kept in memory."""
         if retention_bytes <= 0:
             raise ValueError("retention_bytes must be positive")
         if cache_bytes <= 0:
@@ -292,7 +297,7 @@ class OutputLog:
         return chunk
 
     def _extend(self, last: Chunk, data: bytes) -> Chunk:
-        joined = last.data + data
+        joined = b"".join((last.data, data))
         meta = {"seq": last.seq, "stream": last.stream, "offset": last.offset, "ts": last.ts}
         head = encode_frame_head(FrameKind.DATA, meta, len(joined))
         chunk = Chunk(last.seq, last.stream, last.offset, last.ts, len(joined), head, joined)

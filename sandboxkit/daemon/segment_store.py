@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import mmap
 import os
 import shutil
 import struct
 from array import array
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,8 +41,11 @@ READ_RECORDS = 512
 """Most chunks one read returns from disk: each is an object to build (~2 us), and a read
 runs on the event loop; 512 tiny chunks take about a millisecond."""
 
-MAX_SEGMENT = 64 << 20
-"""Largest segment file; retention is given back a segment at a time."""
+MAX_SEGMENT = 8 << 20
+"""Largest segment file; retention is given back a segment at a time. No larger than the
+daemon's default output cache: readers behind the cache then read sealed segments, which
+are mapped, rather than the one being written, which is read with a copy (64 MiB segments
+made most reads of a large retention copies: P7 of benchmarks/compare.py)."""
 
 
 class StoredChunk(Protocol):
@@ -58,15 +62,18 @@ class StoredChunk(Protocol):
     @property
     def size(self) -> int: ...
     @property
-    def head(self) -> bytes: ...
+    def head(self) -> bytes | memoryview: ...
     @property
-    def data(self) -> bytes: ...
+    def data(self) -> bytes | memoryview: ...
 
 
 C = TypeVar("C")
 
-MakeChunk = Callable[[int, str, int, float, int, bytes, bytes], C]
-"""Builds a chunk read back: ``(seq, stream, offset, ts, size, head, data)``."""
+MakeChunk = Callable[[int, str, int, float, int, memoryview, memoryview], C]
+"""Builds a chunk read back: ``(seq, stream, offset, ts, size, head, data)``; ``head`` and
+``data`` are views into the one buffer a read returns (slicing them out as ``bytes``
+copied every byte a second time: up to a quarter of the daemon's CPU when many readers
+are behind the cache, benchmarks/compare.py P7)."""
 
 
 @dataclass(slots=True)
@@ -109,7 +116,7 @@ class SegmentStore:
         """Chunks below this seq are in segments (their frames maybe still buffered)."""
         self.flushed = 0
         """Chunks below this seq are in their files."""
-        self._pending: list[bytes] = []
+        self._pending: list[bytes | memoryview] = []
         self._pending_size = 0
         self._pending_index = bytearray()
         self._fds: tuple[int, int] | None = None  # the last segment's (frames, index)
@@ -225,8 +232,10 @@ class SegmentStore:
         return segment
 
     def _retire(self, frames: str) -> None:
-        _READERS.forget(frames)
-        if self._spare is None and not self._abandoned:
+        # A file whose mapping still has views out is not written over: it is unlinked,
+        # and its pages stay readable until the last view goes.
+        unused = _READERS.forget(frames)
+        if unused and self._spare is None and not self._abandoned:
             spare = self._prefix + "spare"
             with contextlib.suppress(OSError):
                 os.rename(frames, spare)
@@ -292,8 +301,8 @@ class SegmentStore:
         if segment is None:
             return None
         try:
-            return self._records(segment, seq, 1)[0]
-        except (OSError, IndexError):  # an index the disk refused to complete
+            return next(self._records(segment, seq, 1))
+        except (OSError, StopIteration):  # an index the disk refused to complete
             return None
 
     def offset_of(self, seq: int) -> int | None:
@@ -308,16 +317,21 @@ class SegmentStore:
                 return forgotten[i + 1]
         return None
 
-    def _records(self, segment: Segment, seq: int, count: int) -> list[tuple[int, ...]]:
-        """Index records of chunks ``seq ..`` (at most ``count``) of ``segment``."""
+    def _sealed(self, segment: Segment) -> bool:
+        """Nothing more is written to ``segment``: every frame and record is in its files."""
+        return self._fds is None or segment is not self.segments[-1]
+
+    def _records(self, segment: Segment, seq: int, count: int) -> Iterator[tuple[int, ...]]:
+        """Index records of chunks ``seq ..`` (at most ``count``) of ``segment``, unpacked
+        as they are taken (a reader takes a few of the many it may)."""
+        start = (seq - segment.first_seq) * INDEX_RECORD
+        path = self._path(segment, ".index")
+        if self._sealed(segment) and segment.count:
+            view = _READERS.mapped(path, segment.count * INDEX_RECORD)
+            return _RECORD.iter_unpack(view[start : start + count * INDEX_RECORD])
         if seq + count > self.flushed:
             self.flush()
-        data = _pread(
-            self._path(segment, ".index"),
-            count * INDEX_RECORD,
-            (seq - segment.first_seq) * INDEX_RECORD,
-        )
-        return list(_RECORD.iter_unpack(data))
+        return _RECORD.iter_unpack(_pread(path, count * INDEX_RECORD, start))
 
     def read(
         self,
@@ -337,27 +351,32 @@ class SegmentStore:
             if segment is None:
                 break
             end = min(segment.end_seq, stop, cursor + READ_RECORDS - len(chunks))
-            records = self._records(segment, cursor, end - cursor)
-            taken = 0
-            for record in records:
-                if (chunks or taken) and size + record[3] > max_bytes:
+            records: list[tuple[int, ...]] = []
+            full = False
+            for record in self._records(segment, cursor, end - cursor):
+                if (chunks or records) and size + record[3] > max_bytes:
+                    full = True
                     break
                 size += record[3]
-                taken += 1
-            if taken == 0:
+                records.append(record)
+            if not records:
                 return size
             start = records[0][0]
-            last = records[taken - 1]
+            last = records[-1]
             stop_at = last[0] + last[4] + last[3]
-            frames = _pread(self._path(segment, ".frames"), stop_at - start, start)
+            path = self._path(segment, ".frames")
+            if self._sealed(segment):
+                frames = _READERS.mapped(path, segment.size)[start:stop_at]
+            else:
+                frames = memoryview(_pread(path, stop_at - start, start))
             names = self._stream_names
-            for pos, offset, ts, payload, head_size, stream in records[:taken]:
+            for pos, offset, ts, payload, head_size, stream in records:
                 at = pos - start
                 head = frames[at : at + head_size]
                 data = frames[at + head_size : at + head_size + payload]
                 chunks.append(make(cursor, names[stream], offset, ts, payload, head, data))
                 cursor += 1
-            if taken < len(records):
+            if full:
                 break
         return size
 
@@ -365,7 +384,7 @@ class SegmentStore:
 _IOV_MAX = 1024
 
 
-def _write_all(fd: int, parts: list[bytes]) -> None:
+def _write_all(fd: int, parts: list[bytes | memoryview]) -> None:
     # Gathered, not joined: a 64 KiB payload is copied once, into the page cache.
     start = 0
     while start < len(parts):
@@ -407,10 +426,18 @@ class _ReadFiles:
     :data:`_READ_FILES` of them, so a reader catching up does not open its segment for
     every batch (an open cost as much as the read), and a daemon with many logs does not
     run out of descriptors. Reads are of recent data (the page cache) and at most about a
-    send batch: fast enough for the event loop."""
+    send batch: fast enough for the event loop.
+
+    A sealed segment (nothing more is written to it) is read through a mapping instead,
+    the :data:`_MAPPED` most recently read of them: a reader gets views of the page cache,
+    and the only copy of its bytes is the one into the socket, as for a chunk in memory.
+    Reading with ``pread`` copied every byte once more for every reader behind the cache:
+    a quarter of the daemon's CPU with 16 readers (benchmarks/compare.py, P7). The pages
+    count in the daemon's RSS while mapped (as file pages: the kernel may drop them)."""
 
     def __init__(self) -> None:
         self._fds: OrderedDict[str, int] = OrderedDict()
+        self._maps: OrderedDict[str, mmap.mmap] = OrderedDict()
 
     def fd(self, path: str) -> int:
         fd = self._fds.get(path)
@@ -423,18 +450,49 @@ class _ReadFiles:
             os.close(self._fds.popitem(last=False)[1])
         return fd
 
-    def forget(self, path: str) -> None:
-        """``path`` is about to be removed or renamed."""
+    def mapped(self, path: str, size: int) -> memoryview:
+        """The first ``size`` bytes of the sealed file ``path``, mapped."""
+        mapping = self._maps.get(path)
+        if mapping is None or len(mapping) < size:
+            if mapping is not None:
+                _unmap(self._maps.pop(path))
+            with open(path, "rb") as file:
+                # Populated at once: one call, not a page fault per 4 KiB for each reader.
+                flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+                mapping = mmap.mmap(file.fileno(), size, flags=flags, prot=mmap.PROT_READ)
+            self._maps[path] = mapping
+            if len(self._maps) > _MAPPED:
+                _unmap(self._maps.popitem(last=False)[1])
+        else:
+            self._maps.move_to_end(path)
+        return memoryview(mapping)[:size]
+
+    def forget(self, path: str) -> bool:
+        """``path`` is about to be removed or renamed; ``False`` if views of its mapping
+        are still in use (senders hold them): its pages must not be written over."""
         fd = self._fds.pop(path, None)
         if fd is not None:
             os.close(fd)
+        mapping = self._maps.pop(path, None)
+        return mapping is None or _unmap(mapping)
 
     def forget_all(self, prefix: str) -> None:
-        for path in [p for p in self._fds if p.startswith(prefix)]:
+        for path in [p for p in (*self._fds, *self._maps) if p.startswith(prefix)]:
             self.forget(path)
 
 
+def _unmap(mapping: mmap.mmap) -> bool:
+    # A mapping with views still out (a chunk a consumer has not sent yet) cannot be
+    # closed: it goes when its last view does.
+    try:
+        mapping.close()
+    except BufferError:
+        return False
+    return True
+
+
 _READ_FILES = 32
+_MAPPED = 16
 _READERS = _ReadFiles()
 
 

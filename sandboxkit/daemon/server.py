@@ -23,18 +23,10 @@ from sandboxkit.daemon.app import create_app
 from sandboxkit.daemon.config import DaemonConfig
 from sandboxkit.daemon.envd import EnvdServer
 from sandboxkit.daemon.host import Host
+from sandboxkit.daemon.tcp_peer import SEND_BUFFER
 from sandboxkit.statefile import DaemonState, remove_state, write_state
 
-__all__ = ["SEND_BUFFER", "DaemonServer", "UnsafeBind", "is_loopback"]
-
-SEND_BUFFER = 128 * 1024
-"""Kernel send buffer of every connection (the kernel may double it).
-
-A consumer's send completes only when the kernel takes more bytes, and the kernel wakes a
-writer only after about a third of the send buffer drained. An autotuned buffer grows to
-megabytes, so a consumer reading steadily but slowly (say 300 KB/s) would show no progress
-for seconds and be kicked like a ghost; a bounded buffer keeps its progress visible every
-few tens of KB, and bounds the bytes a ghost's connection pins."""
+__all__ = ["DaemonServer", "UnsafeBind", "is_loopback"]
 
 
 def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -1,4 +1,5 @@
-"""Whether a TCP peer still takes bytes, read from the kernel.
+"""A consumer's TCP connection as the kernel sees it: whether the peer still takes bytes,
+and how many the kernel holds for it.
 
 A consumer's send completes as soon as the server's buffers take the bytes, so a peer
 that stopped reading (a SIGSTOPped client, a laptop asleep) looks healthy for as long as
@@ -12,7 +13,39 @@ import socket
 import sys
 from typing import Any
 
-__all__ = ["window_closed_for"]
+__all__ = ["MAX_SEND_BUFFER", "SEND_BUFFER", "size_send_buffer", "window_closed_for"]
+
+SEND_BUFFER = 128 * 1024
+"""Kernel send buffer every connection starts with (the kernel doubles it).
+
+A consumer's send completes only when the kernel takes more bytes, and the kernel wakes a
+writer only after about half of what it holds drained. An autotuned buffer grows to
+megabytes, so a consumer reading steadily but slowly (say 300 KB/s) would show no progress
+for seconds and be kicked like a ghost; a bounded buffer keeps its progress visible every
+few tens of KB, and bounds the bytes a ghost's connection pins."""
+
+MAX_SEND_BUFFER = 1024 * 1024
+"""Largest send buffer a consumer that drains fast is given (:func:`size_send_buffer`)."""
+
+
+def size_send_buffer(sock: Any, nbytes: int, current: int) -> int:
+    """Set ``sock``'s send buffer to about ``nbytes`` (a power of two, within
+    :data:`SEND_BUFFER` .. :data:`MAX_SEND_BUFFER`; the system may cap it lower) unless it
+    is ``current`` already; returns the size now set.
+
+    A consumer that drains fast gets the larger buffer: with :data:`SEND_BUFFER` its sends
+    mostly fit only in part, and asyncio's transport copies the rest twice and writes it
+    in many small pieces (a quarter of the daemon's CPU at 16 consumers,
+    benchmarks/compare.py P7); one that drains slowly keeps the small one (above)."""
+    size = 1 << (max(nbytes, 1).bit_length() - 1)
+    size = min(MAX_SEND_BUFFER, max(SEND_BUFFER, size))
+    if size != current:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
+        except (OSError, AttributeError, ValueError):
+            return current
+    return size
+
 
 # Offsets in Linux's ``struct tcp_info`` (include/uapi/linux/tcp.h); stable ABI, fields
 # only ever appended. ``tcpi_notsent_bytes`` exists since Linux 4.6.

@@ -71,20 +71,13 @@ import e2b
 import pandas as pd
 from e2b import CommandExitException, NotFoundException
 
-from sandboxkit.client.commands import AsyncCommandHandle, AsyncCommands, OnEnd
+from sandboxkit.client.commands import AsyncCommands, FollowOptions
 from sandboxkit.client.files import AsyncFiles, EntryInfo, WriteInfo
 from sandboxkit.client.local import Connection
-from sandboxkit.client.output import DEFAULT_KEEP_OUTPUT, KeepOutput
 from sandboxkit.client.results import CommandResult, ProcessInfo, SandboxInfo
 from sandboxkit.client.sandbox import AsyncSandbox, consumers_frame, events_frame
 from sandboxkit.client.stdin import StdinSession
-from sandboxkit.client.stream import (
-    BytesCallback,
-    GapInfo,
-    OnGap,
-    OutputCallback,
-    ProcessStream,
-)
+from sandboxkit.client.stream import GapInfo, OnGap, ProcessStream
 from sandboxkit.client.tasks import TaskOwner
 from sandboxkit.errors import (
     FileNotFound,
@@ -322,30 +315,20 @@ class _Reader:
         sandbox: E2BSandbox,
         plog: _ProcessLog,
         cursor: int | None,
-        *,
-        on_stdout: OutputCallback | None,
-        on_stderr: OutputCallback | None,
-        on_gap: OnGap,
-        lines: bool,
-        role: str,
-        on_stdout_bytes: BytesCallback | None,
-        on_stderr_bytes: BytesCallback | None,
-        keep_output: KeepOutput,
+        options: FollowOptions,
     ) -> None:
         self.sandbox = sandbox
         self.log = plog
         self.pid = plog.pid
         self.consumer_id = f"e2b-reader-{next(self._ids)}"
-        self.role = role
+        self.role = options.role or "sdk"
         self._cursor = plog.first if cursor is None else max(0, int(cursor))
         self._reattach = cursor is not None
-        self.on_stdout, self.on_stderr, self.on_gap, self.lines = (
-            on_stdout,
-            on_stderr,
-            on_gap,
-            lines,
-        )
-        self.on_stdout_bytes, self.on_stderr_bytes = on_stdout_bytes, on_stderr_bytes
+        self.on_stdout, self.on_stderr = options.on_stdout, options.on_stderr
+        self.on_gap, self.lines = options.on_gap, options.lines
+        self.on_stdout_bytes = options.on_stdout_bytes
+        self.on_stderr_bytes = options.on_stderr_bytes
+        keep_output = options.keep_output
         self.keep: int | None = (
             None if keep_output is True else 0 if keep_output is False else int(keep_output)
         )
@@ -714,7 +697,10 @@ def _spec_of(info: Any) -> dict[str, Any]:
 
 class E2BCommands(AsyncCommands):
     """``sbx.commands`` of an :class:`E2BSandbox`: the SDK's commands behind sandboxkit's
-    interface (see the module docstring for what differs)."""
+    interface (see the module docstring for what differs). ``start``, ``run``,
+    ``connect`` and the handles are :class:`AsyncCommands`'s own; this class supplies its
+    hooks (how a process starts, how a pid is tapped and read, how a foreground result
+    with a gap of unknown size is reported) and the calls that go straight to the SDK."""
 
     def __init__(self, sandbox: E2BSandbox, owner: TaskOwner) -> None:
         # Not AsyncCommands.__init__: there is no daemon API behind these commands.
@@ -726,33 +712,65 @@ class E2BCommands(AsyncCommands):
     def _sdk(self) -> Any:
         return self._sandbox._e2b.commands
 
-    async def start(
-        self,
-        cmd: str | builtins.list[str],
-        *,
-        envs: dict[str, str] | None = None,
-        cwd: str | None = None,
-        timeout: float | None = None,
-        pty: bool = False,
-        tag: str | None = None,
-    ) -> ProcessInfo:
-        """Start a process and tap its output from its first byte (see
-        :meth:`AsyncCommands.start`). ``tag`` is not offered by E2B. ``pty=True`` goes
-        through the SDK's pty API (:meth:`_start_pty`): the output is the terminal's raw
-        bytes, as stdout."""
-        self._owner.check()
-        text = cmd if isinstance(cmd, str) else _shell_join(cmd)
-        spec = {
-            "cmd": text,
-            "argv": None,
-            "envs": dict(envs or {}),
-            "cwd": cwd,
-            "timeout": timeout,
-            "pty": pty,
-        }
-        return await self._start_spec(spec)
+    # -- the hooks of AsyncCommands ----------------------------------------------------
+
+    async def _start_process(self, spec: dict[str, Any]) -> ProcessInfo:
+        """Start a process through the SDK (the hook of :meth:`AsyncCommands.start`) and
+        tap its output from its first byte. An ``argv`` runs as the shell command that
+        quotes it; ``tag`` is not offered by E2B. ``pty=True`` goes through the SDK's pty
+        API (:meth:`_start_pty`): the output is the terminal's raw bytes, as stdout."""
+        cmd = _shell_join(spec["argv"]) if "argv" in spec else spec["cmd"]
+        return await self._start_spec(
+            {
+                "cmd": cmd,
+                "argv": None,
+                "envs": dict(spec["envs"]),
+                "cwd": spec["cwd"],
+                "timeout": spec["timeout"],
+                "pty": spec["pty"],
+            }
+        )
+
+    async def _prepare_follow(self, pid: int) -> None:
+        """A process this client does not tap yet is tapped from now: what it printed
+        before is an unknown-size gap. An unknown pid raises ResultUnavailable."""
+        await self._sandbox._ensure_tap(pid)
+
+    def _open_stream(self, pid: int, cursor: int | None, options: FollowOptions) -> ProcessStream:
+        """A :class:`_Reader` of the process's client-side log from ``cursor`` (bytes of
+        output this client received; ``None``: the oldest it keeps)."""
+        plog = self._sandbox._logs[pid]
+        reader = _Reader(self._sandbox, plog, cursor, options)
+        plog.readers.add(reader)
+        # The handle reads of its stream exactly what _Reader offers (cursor, output,
+        # stats, states, run, flush_lines): the same handle class serves both.
+        return cast(ProcessStream, reader)
+
+    def _incomplete_error(
+        self, result: CommandResult, stream: ProcessStream, on_gap: OnGap
+    ) -> OutputIncomplete | None:
+        """A foreground result is complete or the run raises OutputIncomplete — also when
+        output went missing in an amount E2B cannot tell (``bytes_lost`` is then
+        ``None``)."""
+        reader = cast(_Reader, stream)
+        unknown = reader.stats.unknown_gaps if on_gap is None else 0
+        lost = reader.bytes_dropped + (reader.stats.bytes_lost if on_gap is None else 0)
+        if not (lost or unknown):
+            return None
+        amount = "an unknown amount" if unknown else f"{lost} bytes"
+        return OutputIncomplete(
+            f"process {result.pid} exited 0 but {amount} of its output is missing "
+            "from the result; error.result has the rest",
+            pid=result.pid,
+            exit_code=result.exit_code,
+            bytes_lost=None if unknown else lost,
+            result=result,
+        )
+
+    # -- starting through the SDK ------------------------------------------------------
 
     async def _start_spec(self, spec: dict[str, Any]) -> ProcessInfo:
+        """Start ``spec`` as :attr:`_ProcessLog.spec` keeps it (a restart starts it again)."""
         if spec.get("pty"):
             return await self._start_pty(spec)
         plog_holder: list[_ProcessLog] = []
@@ -836,134 +854,6 @@ class E2BCommands(AsyncCommands):
             "process.started", plog.pid, data={"cmd": spec["cmd"], "pty": True}
         )
         return self._sandbox._process_info(plog)
-
-    async def run(  # type: ignore[override]
-        self,
-        cmd: str | builtins.list[str],
-        background: bool = False,
-        on_stdout: OutputCallback | None = None,
-        on_stderr: OutputCallback | None = None,
-        envs: dict[str, str] | None = None,
-        cwd: str | None = None,
-        timeout: float | None = None,
-        *,
-        pty: bool = False,
-        on_gap: OnGap = None,
-        lines: bool = True,
-        on_stdout_bytes: BytesCallback | None = None,
-        on_stderr_bytes: BytesCallback | None = None,
-        keep_output: KeepOutput | None = None,
-        on_end: OnEnd | None = None,
-    ) -> CommandResult | AsyncCommandHandle:
-        """Run a command (see :meth:`AsyncCommands.run`). A foreground result is complete
-        or the call raises OutputIncomplete — also when output went missing in an amount
-        E2B cannot tell (``bytes_lost`` is then ``None``)."""
-        if keep_output is None:
-            keep_output = DEFAULT_KEEP_OUTPUT if background else True
-        info = await self.start(cmd, envs=envs, cwd=cwd, timeout=timeout, pty=pty)
-        handle = self._follow(
-            info.pid,
-            0,
-            on_stdout,
-            on_stderr,
-            on_gap,
-            lines,
-            on_stdout_bytes=on_stdout_bytes,
-            on_stderr_bytes=on_stderr_bytes,
-            keep_output=keep_output,
-            on_end=on_end,
-        )
-        if background:
-            return handle
-        try:
-            result = await handle.wait()
-        except asyncio.CancelledError:
-            await handle.disconnect()
-            raise
-        reader = cast(_Reader, handle.stream)
-        unknown = reader.stats.unknown_gaps if on_gap is None else 0
-        lost = reader.bytes_dropped + (reader.stats.bytes_lost if on_gap is None else 0)
-        if lost or unknown:
-            amount = "an unknown amount" if unknown else f"{lost} bytes"
-            raise OutputIncomplete(
-                f"process {result.pid} exited 0 but {amount} of its output is missing "
-                "from the result; error.result has the rest",
-                pid=result.pid,
-                exit_code=result.exit_code,
-                bytes_lost=None if unknown else lost,
-                result=result,
-            )
-        return result
-
-    async def connect(
-        self,
-        pid: int,
-        cursor: int | None = None,
-        on_stdout: OutputCallback | None = None,
-        on_stderr: OutputCallback | None = None,
-        *,
-        on_gap: OnGap = None,
-        lines: bool = True,
-        role: str | None = None,
-        on_stdout_bytes: BytesCallback | None = None,
-        on_stderr_bytes: BytesCallback | None = None,
-        keep_output: KeepOutput = DEFAULT_KEEP_OUTPUT,
-        on_end: OnEnd | None = None,
-    ) -> AsyncCommandHandle:
-        """Follow ``pid`` from ``cursor`` (bytes of output this client received; default:
-        the oldest it keeps). A process this client does not tap yet is tapped from now:
-        what it printed before is an unknown-size gap. An unknown pid raises
-        ResultUnavailable."""
-        self._owner.check()
-        await self._sandbox._ensure_tap(pid)
-        return self._follow(
-            pid,
-            cursor,
-            on_stdout,
-            on_stderr,
-            on_gap,
-            lines,
-            role,
-            on_stdout_bytes=on_stdout_bytes,
-            on_stderr_bytes=on_stderr_bytes,
-            keep_output=keep_output,
-            on_end=on_end,
-        )
-
-    def _follow(
-        self,
-        pid: int,
-        cursor: int | None,
-        on_stdout: OutputCallback | None,
-        on_stderr: OutputCallback | None,
-        on_gap: OnGap,
-        lines: bool,
-        role: str | None = None,
-        *,
-        on_stdout_bytes: BytesCallback | None,
-        on_stderr_bytes: BytesCallback | None,
-        keep_output: KeepOutput,
-        on_end: OnEnd | None = None,
-    ) -> AsyncCommandHandle:
-        self._owner.check()
-        plog = self._sandbox._logs[pid]
-        reader = _Reader(
-            self._sandbox,
-            plog,
-            cursor,
-            on_stdout=on_stdout,
-            on_stderr=on_stderr,
-            on_gap=on_gap,
-            lines=lines,
-            role=role or "sdk",
-            on_stdout_bytes=on_stdout_bytes,
-            on_stderr_bytes=on_stderr_bytes,
-            keep_output=keep_output,
-        )
-        plog.readers.add(reader)
-        # The handle reads of its stream exactly what _Reader offers (cursor, output,
-        # stats, states, run, flush_lines): the same handle class serves both.
-        return AsyncCommandHandle(self, cast(ProcessStream, reader), on_end)
 
     async def list(self) -> builtins.list[ProcessInfo]:
         """Processes E2B lists as running, and those this client saw end."""
