@@ -72,6 +72,11 @@ def check_role(role: str | None) -> str:
 KICK_FRAME_TIMEOUT = 0.1
 """How long a kicked consumer's transport gets to accept the ``kicked`` error frame."""
 
+_FIRST_SENDS = 128 * 1024
+"""Payload bytes per send until a send that waited tells how fast the peer drains (see
+``Consumer._send``): small enough for a slow reader's first sends to drain well within
+the stall timeout."""
+
 _BACKPRESSURE = 0.005
 """A send that took this long (seconds) waited for the transport to drain."""
 
@@ -154,7 +159,7 @@ class Consumer:
         self._requested = cursor
         self._kick_request: tuple[str, float] | None = None
         self._watchdog: asyncio.TimerHandle | None = None
-        self._coalesce = config.send_batch // 2
+        self._coalesce = min(config.send_batch, _FIRST_SENDS)
 
     # -- metrics ---------------------------------------------------------------------
 
