@@ -859,3 +859,23 @@ def test_chunks_read_from_disk_stay_intact_while_their_segment_is_evicted(
     _, chunks = log.read(log.first_seq, 1 << 20)
     assert [bytes(c.data) for c in chunks] == [bytes([c.seq]) * 4096 for c in chunks]
     log.close()
+
+
+def test_a_file_system_that_cannot_map_is_read_with_copies(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sealed segments are mapped; where the file system refuses (``mmap`` fails), the
+    reader gets the same bytes read with ``pread``, not a gap."""
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENODEV, "no mmap here")
+
+    monkeypatch.setattr(segment_store.mmap, "mmap", refuse)
+    log = OutputLog(1 << 20, directory=tmp_path / "log", cache_bytes=4096, segment_bytes=8192)
+    for i in range(16):
+        log.append("stdout", bytes([i]) * 4096)
+    gap, chunks = log.read(0, 1 << 20)
+    assert gap is None and log.disk_error is None
+    assert [bytes(c.data) for c in chunks] == [bytes([i]) * 4096 for i in range(len(chunks))]
+    assert len(chunks) >= 14  # all but what the cache holds came from the files
+    log.close()

@@ -324,14 +324,24 @@ class SegmentStore:
     def _records(self, segment: Segment, seq: int, count: int) -> Iterator[tuple[int, ...]]:
         """Index records of chunks ``seq ..`` (at most ``count``) of ``segment``, unpacked
         as they are taken (a reader takes a few of the many it may)."""
-        start = (seq - segment.first_seq) * INDEX_RECORD
-        path = self._path(segment, ".index")
-        if self._sealed(segment) and segment.count:
-            view = _READERS.mapped(path, segment.count * INDEX_RECORD)
-            return _RECORD.iter_unpack(view[start : start + count * INDEX_RECORD])
         if seq + count > self.flushed:
             self.flush()
-        return _RECORD.iter_unpack(_pread(path, count * INDEX_RECORD, start))
+        start = (seq - segment.first_seq) * INDEX_RECORD
+        path = self._path(segment, ".index")
+        total = segment.count * INDEX_RECORD
+        return _RECORD.iter_unpack(
+            self._bytes(segment, path, total, start, start + count * INDEX_RECORD)
+        )
+
+    def _bytes(self, segment: Segment, path: str, total: int, start: int, stop: int) -> memoryview:
+        """Bytes ``start .. stop`` of one of ``segment``'s files (``total`` bytes long once
+        sealed): a view of its mapping if the segment is sealed, else — or where the file
+        cannot be mapped — a copy read with ``pread``."""
+        if self._sealed(segment) and total:
+            view = _READERS.mapped(path, total)
+            if view is not None:
+                return view[start:stop]
+        return memoryview(_pread(path, stop - start, start))
 
     def read(
         self,
@@ -365,10 +375,7 @@ class SegmentStore:
             last = records[-1]
             stop_at = last[0] + last[4] + last[3]
             path = self._path(segment, ".frames")
-            if self._sealed(segment):
-                frames = _READERS.mapped(path, segment.size)[start:stop_at]
-            else:
-                frames = memoryview(_pread(path, stop_at - start, start))
+            frames = self._bytes(segment, path, segment.size, start, stop_at)
             names = self._stream_names
             for pos, offset, ts, payload, head_size, stream in records:
                 at = pos - start
@@ -450,16 +457,20 @@ class _ReadFiles:
             os.close(self._fds.popitem(last=False)[1])
         return fd
 
-    def mapped(self, path: str, size: int) -> memoryview:
-        """The first ``size`` bytes of the sealed file ``path``, mapped."""
+    def mapped(self, path: str, size: int) -> memoryview | None:
+        """The first ``size`` bytes of the sealed file ``path``, mapped; ``None`` if it
+        cannot be (a file system without ``mmap``, a file shorter than that)."""
         mapping = self._maps.get(path)
         if mapping is None or len(mapping) < size:
             if mapping is not None:
                 _unmap(self._maps.pop(path))
-            with open(path, "rb") as file:
-                # Populated at once: one call, not a page fault per 4 KiB for each reader.
-                flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-                mapping = mmap.mmap(file.fileno(), size, flags=flags, prot=mmap.PROT_READ)
+            # Populated at once: one call, not a page fault per 4 KiB for each reader.
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            try:
+                with open(path, "rb") as file:
+                    mapping = mmap.mmap(file.fileno(), size, flags=flags, prot=mmap.PROT_READ)
+            except (OSError, ValueError):
+                return None
             self._maps[path] = mapping
             if len(self._maps) > _MAPPED:
                 _unmap(self._maps.popitem(last=False)[1])
