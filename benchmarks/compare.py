@@ -8,12 +8,14 @@ processes, a unary request (vs a bare uvicorn JSON endpoint); P7 client CPU per 
 httpx ``aiter_raw``) and daemon CPU per GB at 16 consumers; stdin batches/s and MB/s.
 
 Each section starts once the machine is idle (or after a deadline, noted in the output);
-every figure is the median of >= 3 runs with its range. The table is printed and written to
-``benchmarks/results/compare.csv`` and ``compare.png``. Everything runs on loopback; every
-process started here is stopped here.
+every figure is the median of >= 3 runs with its range. P1 runs its systems in interleaved
+rounds (see ``Bench.interleaved``), and with uvloop installed a daemon on asyncio besides
+the default one, each compared with bare uvicorn on its own loop. The table is printed and
+written to ``benchmarks/results/compare.csv`` and ``compare.png``. Everything runs on
+loopback; every process started here is stopped here.
 
-    python benchmarks/compare.py            # full run (~10 min)
-    python benchmarks/compare.py --quick    # < 3 min, smaller transfers
+    python benchmarks/compare.py            # full run (~2 min on 2 cores)
+    python benchmarks/compare.py --quick    # ~1 min, smaller transfers
     python benchmarks/compare.py --quick --baseline-daemon ../old-checkout   # before/after
 """
 
