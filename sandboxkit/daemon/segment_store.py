@@ -464,11 +464,11 @@ class _ReadFiles:
         if mapping is None or len(mapping) < size:
             if mapping is not None:
                 _unmap(self._maps.pop(path))
-            # Populated at once: one call, not a page fault per 4 KiB for each reader.
-            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            # Not populated up front (MAP_POPULATE): readers of many logs taking turns
+            # would map whole segments over and over to read a batch of each.
             try:
                 with open(path, "rb") as file:
-                    mapping = mmap.mmap(file.fileno(), size, flags=flags, prot=mmap.PROT_READ)
+                    mapping = mmap.mmap(file.fileno(), size, prot=mmap.PROT_READ)
             except (OSError, ValueError):
                 return None
             self._maps[path] = mapping
