@@ -829,19 +829,23 @@ def test_segment_files_removed_under_the_log_are_a_gap_not_an_error(tmp_path: Pa
     log.close()
 
 
+@pytest.mark.parametrize("mapped", [16, 1])
 def test_chunks_read_from_disk_stay_intact_while_their_segment_is_evicted(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mapped: int
 ) -> None:
     """A consumer holds chunks it read from a sealed segment (views of the file's mapping,
     not copies) and has not sent them yet, while the producer writes on: the segment is
     evicted and its file, kept for reuse, would be written over by the next segment. The
-    bytes the consumer holds must not change."""
+    bytes the consumer holds must not change — also when other reads pushed that mapping
+    out of the daemon's few open ones (``mapped=1``) before the eviction."""
+    monkeypatch.setattr(segment_store, "_MAPPED", mapped)
     log = OutputLog(64 * 1024, directory=tmp_path / "log", cache_bytes=4096, segment_bytes=8192)
     for i in range(8):
         log.append("stdout", bytes([i]) * 4096)
     gap, held = log.read(0, 8192)
     assert gap is None and [c.seq for c in held] == [0, 1]
     assert all(isinstance(c.data, memoryview) for c in held)  # read back without a copy
+    assert [c.seq for c in log.read(2, 8192)[1]] == [2, 3]  # another segment, mapped too
     for i in range(8, 64):  # 256 KiB more: segment 0 and many after it are evicted
         log.append("stdout", bytes([i]) * 4096)
     assert log.first_seq > 8

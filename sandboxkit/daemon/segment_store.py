@@ -445,6 +445,9 @@ class _ReadFiles:
     def __init__(self) -> None:
         self._fds: OrderedDict[str, int] = OrderedDict()
         self._maps: OrderedDict[str, mmap.mmap] = OrderedDict()
+        self._held: list[tuple[str, mmap.mmap]] = []
+        """Mappings let go of while views of them were still out (a sender's chunks), kept
+        track of until they close: their files must not be written over before."""
 
     def fd(self, path: str) -> int:
         fd = self._fds.get(path)
@@ -463,7 +466,8 @@ class _ReadFiles:
         mapping = self._maps.get(path)
         if mapping is None or len(mapping) < size:
             if mapping is not None:
-                _unmap(self._maps.pop(path))
+                self._let_go(path, self._maps.pop(path))
+            self._held = [(p, held) for p, held in self._held if not _unmap(held)]
             # Not populated up front (MAP_POPULATE): readers of many logs taking turns
             # would map whole segments over and over to read a batch of each.
             try:
@@ -473,7 +477,7 @@ class _ReadFiles:
                 return None
             self._maps[path] = mapping
             if len(self._maps) > _MAPPED:
-                _unmap(self._maps.popitem(last=False)[1])
+                self._let_go(*self._maps.popitem(last=False))
         else:
             self._maps.move_to_end(path)
         return memoryview(mapping)[:size]
@@ -484,12 +488,22 @@ class _ReadFiles:
         fd = self._fds.pop(path, None)
         if fd is not None:
             os.close(fd)
+        mappings = [m for p, m in self._held if p == path]
+        self._held = [(p, m) for p, m in self._held if p != path]
         mapping = self._maps.pop(path, None)
-        return mapping is None or _unmap(mapping)
+        if mapping is not None:
+            mappings.append(mapping)
+        # (One that cannot close goes when its last view does.)
+        return all([_unmap(m) for m in mappings])
 
     def forget_all(self, prefix: str) -> None:
-        for path in [p for p in (*self._fds, *self._maps) if p.startswith(prefix)]:
+        paths = {*self._fds, *self._maps, *(p for p, _ in self._held)}
+        for path in [p for p in paths if p.startswith(prefix)]:
             self.forget(path)
+
+    def _let_go(self, path: str, mapping: mmap.mmap) -> None:
+        if not _unmap(mapping):
+            self._held.append((path, mapping))
 
 
 def _unmap(mapping: mmap.mmap) -> bool:
