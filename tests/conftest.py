@@ -38,6 +38,17 @@ def daemon_config() -> DaemonConfig:
     return fast_config()
 
 
+@pytest.fixture(scope="module")
+def envd_daemon() -> Iterator[DaemonServer]:
+    """A real daemon that also serves the envd-compatible endpoint (the e2b SDK's way
+    in), one per test module."""
+    server = DaemonServer(fast_config(), envd_port=0).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture
 def daemon(daemon_config: DaemonConfig) -> Iterator[DaemonServer]:
     """A real daemon (uvicorn on 127.0.0.1, random port, bearer token) on a thread."""

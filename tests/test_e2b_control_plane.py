@@ -15,7 +15,7 @@ from typing import Any
 import e2b
 import httpx
 import pytest
-from conftest import fast_config, wait_until
+from conftest import wait_until
 from test_notebook_panel import last_status, recording_comms
 
 from sandboxkit import AsyncSandbox, Sandbox
@@ -63,12 +63,8 @@ def no_cloud(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(scope="module")
-def daemon() -> Iterator[DaemonServer]:
-    server = DaemonServer(fast_config(), envd_port=0).start()
-    try:
-        yield server
-    finally:
-        server.stop()
+def daemon(envd_daemon: DaemonServer) -> DaemonServer:
+    return envd_daemon
 
 
 @pytest.fixture(scope="module")

@@ -8,12 +8,11 @@ import json
 import struct
 import threading
 import time
-from collections.abc import Iterator
 
 import e2b
 import httpx
 import pytest
-from conftest import fast_config, wait_until
+from conftest import wait_until
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
 from e2b import AsyncSandbox, CommandExitException, NotFoundException, TimeoutException
@@ -34,12 +33,8 @@ from sandboxkit.lab_options import LabOptions
 
 
 @pytest.fixture(scope="module")
-def envd() -> Iterator[DaemonServer]:
-    server = DaemonServer(fast_config(), envd_port=0).start()
-    try:
-        yield server
-    finally:
-        server.stop()
+def envd(envd_daemon: DaemonServer) -> DaemonServer:
+    return envd_daemon
 
 
 @pytest.fixture

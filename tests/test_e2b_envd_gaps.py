@@ -8,10 +8,8 @@ import asyncio
 import os
 import pwd
 import time
-from collections.abc import Iterator
 
 import pytest
-from conftest import fast_config
 from e2b import AsyncSandbox as E2BAsyncSandbox
 from e2b import InvalidArgumentException, NotFoundException
 from e2b import Sandbox as E2BSandbox
@@ -24,12 +22,8 @@ from sandboxkit.errors import InvalidArgument
 
 
 @pytest.fixture(scope="module")
-def envd() -> Iterator[DaemonServer]:
-    server = DaemonServer(fast_config(), envd_port=0).start()
-    try:
-        yield server
-    finally:
-        server.stop()
+def envd(envd_daemon: DaemonServer) -> DaemonServer:
+    return envd_daemon
 
 
 @pytest.fixture

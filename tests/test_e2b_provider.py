@@ -15,7 +15,7 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from conftest import fast_config, wait_until
+from conftest import wait_until
 from test_notebook_panel import custom, last_status, recording_comms, screen
 
 from sandboxkit import AsyncCommandHandle, AsyncSandbox, Sandbox
@@ -62,12 +62,8 @@ def no_cloud(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(scope="module")
-def daemon() -> Iterator[DaemonServer]:
-    server = DaemonServer(fast_config(), envd_port=0).start()
-    try:
-        yield server
-    finally:
-        server.stop()
+def daemon(envd_daemon: DaemonServer) -> DaemonServer:
+    return envd_daemon
 
 
 @pytest.fixture

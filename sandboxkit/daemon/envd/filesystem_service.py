@@ -40,12 +40,11 @@ from sandboxkit.daemon.envd.connect import (
 from sandboxkit.daemon.envd.process_service import (
     RpcService,
     SandboxLookup,
-    _disconnected,
-    _Out,
-    _read,
     keepalive_interval,
+    read_body,
     timeout,
 )
+from sandboxkit.daemon.envd.streaming import StreamBody, StreamGuards
 from sandboxkit.daemon.files import resolve
 from sandboxkit.daemon.host import Host
 from sandboxkit.daemon.sandbox import ManagedSandbox
@@ -139,24 +138,18 @@ class WatchStream(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = [(b"content-type", STREAM_CONTENT_TYPE.encode())]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
-        out = _Out(send)
+        out = StreamBody(send)
         tail = end_stream()
         try:
             await out.write(envelope({"start": {}}))
             pump = asyncio.ensure_future(self._pump(out))
-            waiters = {pump, asyncio.ensure_future(_disconnected(receive))}
-            expiry: asyncio.Future[None] | None = None
-            if self.deadline is not None:
-                expiry = asyncio.ensure_future(asyncio.sleep(self.deadline))
-                waiters.add(expiry)
-            if self.keepalive is not None:
-                waiters.add(asyncio.ensure_future(_keepalives(out, self.keepalive)))
+            keepalive = envelope({"keepalive": {}})
+            guards = StreamGuards(receive, out, keepalive, self.keepalive, self.deadline)
+            guards.tasks.add(pump)
             try:
-                await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(guards.tasks, return_when=asyncio.FIRST_COMPLETED)
             finally:
-                for task in waiters:
-                    task.cancel()
-                await asyncio.gather(*waiters, return_exceptions=True)
+                await guards.cancel()
             if pump.done() and not pump.cancelled() and pump.exception() is not None:
                 error = pump.exception()
                 if isinstance(error, WatchBroken):
@@ -164,24 +157,18 @@ class WatchStream(Response):
                 else:
                     failed = f"internal error: {type(error).__name__}"
                     tail = end_stream(ConnectError("internal", failed))
-            elif expiry is not None and expiry.done() and not expiry.cancelled():
+            elif guards.expired:
                 expired = ConnectError("deadline_exceeded", "the watch reached its timeout")
                 tail = end_stream(expired)
         finally:
             self.watcher.close()
             await out.finish(tail)
 
-    async def _pump(self, out: _Out) -> None:
+    async def _pump(self, out: StreamBody) -> None:
         while True:
             for event in await self.watcher.next_events():
                 message = _event(self.watcher.root, event, self.include_entry)
                 await out.write(envelope({"filesystem": message}))
-
-
-async def _keepalives(out: _Out, interval: float) -> None:
-    while True:
-        await asyncio.sleep(interval)  # sleep-ok: the pace the client asked for
-        await out.write(envelope({"keepalive": {}}))
 
 
 def _name(lookup: Callable[[int], Any], ident: int) -> str:
@@ -319,7 +306,7 @@ class FilesystemService(RpcService):
 
     async def _one_message(self, request: Request, model: type[_Watch]) -> _Watch:
         reader = EnvelopeReader()
-        found = reader.feed(await _read(request))
+        found = reader.feed(await read_body(request))
         if len(found) != 1 or reader.pending:
             raise ConnectError("invalid_argument", "expected exactly one request message")
         return decode(found[0], model)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import json
 import secrets
 import signal as signals
@@ -26,7 +25,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from sandboxkit._compat import within
 from sandboxkit.daemon.consumers import Consumer
 from sandboxkit.daemon.envd import messages as m
 from sandboxkit.daemon.envd.connect import (
@@ -39,6 +37,7 @@ from sandboxkit.daemon.envd.connect import (
     envelope,
     from_sandboxkit,
 )
+from sandboxkit.daemon.envd.streaming import StreamBody, StreamGuards
 from sandboxkit.daemon.host import Host
 from sandboxkit.daemon.process import ManagedProcess, ProcessSpec
 from sandboxkit.daemon.sandbox import ManagedSandbox
@@ -83,41 +82,10 @@ def end_event(exit_code: int | None) -> dict[str, Any]:
 _SIGNAL_NAMES = {int(signals.SIGKILL): "killed", int(signals.SIGTERM): "terminated"}
 
 
-class _Out:
-    """The body of one streaming response; one writer at a time (events, keepalives)."""
-
-    def __init__(self, send: Send) -> None:
-        self._send = send
-        self._lock = asyncio.Lock()
-        self.finished = False
-
-    async def write(self, data: bytes) -> None:
-        async with self._lock:
-            if self.finished:
-                return
-            await self._send({"type": "http.response.body", "body": data, "more_body": True})
-
-    async def finish(self, tail: bytes) -> None:
-        """Write the end-of-stream envelope and end the body (bounded: the peer may
-        have stopped reading)."""
-        if self.finished:
-            return
-        with contextlib.suppress(Exception):
-            await within(self._finish(tail), 0.5)
-        self.finished = True
-
-    async def _finish(self, tail: bytes) -> None:
-        async with self._lock:
-            if self.finished:
-                return
-            self.finished = True
-            await self._send({"type": "http.response.body", "body": tail, "more_body": False})
-
-
 class _EventSink:
     """A consumer's transport that speaks envd: sandboxkit frames in, envd events out."""
 
-    def __init__(self, out: _Out, pid: int) -> None:
+    def __init__(self, out: StreamBody, pid: int) -> None:
         self._out = out
         self._pid = pid
         self._decoder = FrameDecoder()
@@ -181,21 +149,14 @@ class EventStream(Response):
                 "headers": [(b"content-type", STREAM_CONTENT_TYPE.encode())],
             }
         )
-        out = _Out(send)
+        out = StreamBody(send)
         sink = _EventSink(out, self.consumer.source.pid)
         stream = self.host.start_stream(self.consumer, sink)
-        waiters = {
-            asyncio.ensure_future(_disconnected(receive)),
-            asyncio.ensure_future(sink.closed.wait()),
-        }
-        deadline: asyncio.Future[None] | None = None
-        if self.deadline is not None:
-            deadline = asyncio.ensure_future(asyncio.sleep(self.deadline))
-            waiters.add(deadline)
-        if self.keepalive is not None:
-            waiters.add(asyncio.ensure_future(_keepalives(out, self.keepalive)))
+        keepalive = envelope(_event("keepalive", {}))
+        guards = StreamGuards(receive, out, keepalive, self.keepalive, self.deadline)
+        guards.tasks.add(asyncio.ensure_future(sink.closed.wait()))
         try:
-            await asyncio.wait({stream, *waiters}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({stream, *guards.tasks}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             ghosted = sink.closed.is_set() and not stream.done()
             if not ghosted:
@@ -204,9 +165,7 @@ class EventStream(Response):
                 # on in the daemon while this client's connection is cut.)
                 stream.cancel()
                 await asyncio.gather(stream, return_exceptions=True)
-            for task in waiters:
-                task.cancel()
-            await asyncio.gather(*waiters, return_exceptions=True)
+            await guards.cancel()
             timed_out = self.process is not None and self.process.kill_reason == "timeout"
             if sink.tail is not None and not timed_out:
                 tail = sink.tail
@@ -218,28 +177,13 @@ class EventStream(Response):
                         "reconnect with commands.connect(pid)",
                     )
                 )
-            elif timed_out or (
-                deadline is not None and deadline.done() and not deadline.cancelled()
-            ):
+            elif timed_out or guards.expired:
                 tail = end_stream(
                     ConnectError("deadline_exceeded", "the stream reached its timeout")
                 )
             else:  # the client left (nobody reads this), or the daemon is shutting down
                 tail = end_stream(ConnectError("unavailable", "the daemon is shutting down"))
             await out.finish(tail)
-
-
-async def _keepalives(out: _Out, interval: float) -> None:
-    while True:
-        await asyncio.sleep(interval)  # sleep-ok: the pace the client asked for
-        await out.write(envelope(_event("keepalive", {})))
-
-
-async def _disconnected(receive: Receive) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
 
 
 def _error_stream(error: ConnectError) -> Response:
@@ -296,7 +240,7 @@ class RpcService:
     ) -> Callable[[Request], Awaitable[Response]]:
         async def run(request: Request) -> Response:
             try:
-                body = await _read(request)
+                body = await read_body(request)
                 result = await self._typed(handler(request, body))
             except ConnectError as error:
                 return _unary_error(error)
@@ -356,7 +300,7 @@ class ProcessService(RpcService):
 
     async def _one_message(self, request: Request, model: type[T]) -> T:
         reader = EnvelopeReader()
-        found = reader.feed(await _read(request))
+        found = reader.feed(await read_body(request))
         if len(found) != 1 or reader.pending:
             raise ConnectError("invalid_argument", "expected exactly one request message")
         return decode(found[0], model)
@@ -523,7 +467,7 @@ def basic_user(request: Request) -> str | None:
     return decoded.partition(":")[0] or None
 
 
-async def _read(request: Request) -> bytes:
+async def read_body(request: Request) -> bytes:
     body = bytearray()
     async for chunk in request.stream():
         body += chunk
