@@ -116,13 +116,20 @@ def write_png(rows: list[Row], path: Path, title: str) -> None:
     ratios = [r.ratio or 0.0 for r in shown]
     # Green where sandboxkit does better (more per second, or less time and CPU).
     better = [(x >= 1.0) == r.unit.endswith("/s") for r, x in zip(shown, ratios, strict=True)]
-    ax.barh(range(len(shown)), ratios, color=["#55a868" if b else "#c44e52" for b in better])
+    bars = ax.barh(range(len(shown)), ratios, color=["#55a868" if b else "#c44e52" for b in better])
+    ax.bar_label(bars, labels=[f"{x:.2f}×" for x in ratios], padding=3, fontsize=8)
     ax.axvline(1.0, color="black", linewidth=1)
     ax.set_yticks(range(len(shown)), labels, fontsize=8)
     ax.invert_yaxis()
     ax.set_xscale("log")
+    # Plain ratios on the axis (a log axis labels its ticks as powers of ten).
+    low, high = min(*ratios, 1.0) / 1.3, max(*ratios, 1.0) * 1.4
+    ticks = [t for t in (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0) if low <= t <= high]
+    ax.set_xlim(low, high)
+    ax.set_xticks(ticks, [f"{t:g}×" for t in ticks])
+    ax.minorticks_off()
     ax.set_xlabel("sandboxkit ÷ reference (median); green: sandboxkit better")
-    ax.set_title(title, fontsize=10)
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
