@@ -34,6 +34,7 @@ shown under both)::
         Unauthorized
         InvalidArgument
         PayloadTooLarge
+        IsolationUnavailable
 
 ``NotFound``: what the request names is not there (or no longer). ``StreamInterrupted``:
 an output stream stopped before its end frame; the process may well run on.
@@ -59,6 +60,8 @@ __all__ = [
     "DaemonUnavailable",
     "FileNotFound",
     "InvalidArgument",
+    "IsolationUnavailable",
+    "IsolationWarning",
     "MalformedFrame",
     "NotFound",
     "OutputGap",
@@ -228,6 +231,11 @@ class OutputGapWarning(UserWarning):
     it; the handle's ``stdout`` shows a marker where the bytes are missing."""
 
 
+class IsolationWarning(UserWarning):
+    """Sandboxes were asked for with ``isolation="auto"`` on a daemon whose host cannot
+    give them namespaces: they run without isolation (warned once per process)."""
+
+
 class ConsumerKicked(StreamInterrupted, Retriable):
     """The daemon closed this stream because its transport made no progress."""
 
@@ -337,6 +345,17 @@ class PayloadTooLarge(SandboxkitError):
     status = 413
 
 
+class IsolationUnavailable(SandboxkitError):
+    """``isolation="namespaces"`` was asked for on a host where namespaces cannot be had
+    (no bubblewrap, user namespaces disabled); ``missing`` names what is missing. Nothing
+    was created. ``isolation="auto"`` falls back to ``"none"`` instead, and says so."""
+
+    code = "isolation_unavailable"
+    status = 501
+    fields = ("missing",)
+    missing: str | None
+
+
 ERROR_TABLE: dict[str, type[SandboxkitError]] = {
     cls.code: cls
     for cls in (
@@ -358,6 +377,7 @@ ERROR_TABLE: dict[str, type[SandboxkitError]] = {
         FileNotFound,
         InvalidArgument,
         PayloadTooLarge,
+        IsolationUnavailable,
     )
 }
 

@@ -28,7 +28,7 @@ import httpx
 import psutil
 
 CHROMIUM = "/usr/bin/chromium"
-INSTALL_HINT = "run `bash scripts/install-browser.sh` (as root: apt-get install -y chromium)"
+INSTALL_HINT = "run `bash scripts/install-system.sh` (as root: apt-get install -y chromium)"
 
 CHROMIUM_ARGS = [
     "--headless",

@@ -1,7 +1,7 @@
 """Real-browser end-to-end test of the notebook layer.
 
 Serves JupyterLab on 127.0.0.1, drives Debian's chromium (``/usr/bin/chromium``, installed
-by ``scripts/install-browser.sh``; never ``playwright install``) with Playwright, runs all
+by ``scripts/install-system.sh``; never ``playwright install``) with Playwright, runs all
 cells of ``notebooks/04_remediation_by_hand.ipynb``, watches the live ProcessPanel's line
 count grow, clicks "Kill-restart" and sees the panel follow the new pid.
 

@@ -93,7 +93,7 @@ def test_ci_runs_the_readmes_two_commands_verbatim(tmp_path: Path) -> None:
     """`.ci/run` takes the two commands out of the README's first block, so what CI
     tests is the README's text; this runs its extraction and compares."""
     ci = (REPO / ".ci" / "run").read_text()
-    assert "install-browser.sh" in ci
+    assert "install-system.sh" in ci
     expected = [line.split("  #")[0].strip() for line in BASH[INSTALL].strip().splitlines()]
     extract = re.search(r"^readme_commands\(\) \{\n(.*?)^\}", ci, re.M | re.S)
     assert extract, "no readme_commands() in .ci/run"

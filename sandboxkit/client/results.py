@@ -98,6 +98,15 @@ class SandboxInfo:
     """The fault-lab options in force (every field set), or ``None``: a production
     sandbox."""
     killed_at: float | None = None
+    isolation: str = "none"
+    """What holds for its processes: ``namespaces`` or ``none`` (``docs/isolation.md``)."""
+    isolation_reason: str = ""
+    """Why ``none``, when it is: asked for, or what the host lacks."""
+    allow_internet_access: bool = True
+    limits: dict[str, float] = field(default_factory=dict)
+    """The limits asked for (sizes in bytes)."""
+    limits_enforced: dict[str, str] = field(default_factory=dict)
+    """How each limit holds: ``cgroup``, ``cgroup-v1``, ``rlimit`` or ``none``."""
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     """The daemon's JSON as received."""
 
@@ -118,6 +127,11 @@ class SandboxInfo:
             fanout=data.get("fanout") or "cursor",
             lab=None if data.get("lab") is None else msgspec.convert(data["lab"], LabOptions),
             killed_at=data.get("killed_at"),
+            isolation=data.get("isolation", "none"),
+            isolation_reason=data.get("isolation_reason", ""),
+            allow_internet_access=data.get("allow_internet_access", True),
+            limits=dict(data.get("limits") or {}),
+            limits_enforced=dict(data.get("limits_enforced") or {}),
             raw=data,
         )
 

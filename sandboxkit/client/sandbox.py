@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import warnings
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -16,8 +17,9 @@ from sandboxkit.client.files import AsyncFiles
 from sandboxkit.client.local import Connection, resolve, resolved
 from sandboxkit.client.results import SandboxInfo
 from sandboxkit.client.tasks import TaskOwner
-from sandboxkit.errors import InvalidArgument, SandboxNotFound
+from sandboxkit.errors import InvalidArgument, IsolationWarning, SandboxNotFound
 from sandboxkit.lab_options import LabOptions
+from sandboxkit.limits import Limits, to_limits
 
 if TYPE_CHECKING:
     # Imported where a frame is built: pandas takes about a second to import, which every
@@ -90,6 +92,9 @@ class AsyncSandbox:
         envs: dict[str, str] | None = None,
         metadata: dict[str, str] | None = None,
         lab: LabOptions | None = None,
+        isolation: Literal["auto", "namespaces", "none"] | None = None,
+        allow_internet_access: bool = True,
+        limits: Limits | dict[str, Any] | None = None,
         url: str | None = None,
         token: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
@@ -112,11 +117,28 @@ class AsyncSandbox:
         ``provider="e2b"``: an E2B sandbox behind this same interface, through the official
         ``e2b`` SDK (``pip install 'sandboxkit[e2b]'``); ``url`` is then an envd URL (the
         SDK's debug mode) and ``token`` an E2B API key, ``provider_options`` go to the
-        SDK (see :mod:`sandboxkit.providers.e2b` and ``docs/e2b.md``)."""
+        SDK (see :mod:`sandboxkit.providers.e2b` and ``docs/e2b.md``).
+
+        ``isolation`` (``docs/isolation.md``): ``"auto"`` — the daemon's default unless it
+        was started with another — runs its processes in their own namespaces where the
+        kernel allows (``/home/user`` is its directory, ``/tmp`` its own, the host's
+        system read-only, nothing of the daemon or your home), and falls back to
+        ``"none"`` with an :class:`IsolationWarning` where it does not;
+        ``"namespaces"`` raises :class:`~sandboxkit.IsolationUnavailable` there instead.
+        ``allow_internet_access=False`` leaves them loopback only. ``limits`` (a dict or
+        :class:`~sandboxkit.limits.Limits`: ``memory``, ``pids``, ``cpu``, ``open_files``,
+        ``disk``) caps what they use; ``get_info().limits_enforced`` says how each holds."""
+        limits = to_limits(limits)  # InvalidArgument before anything is sent
         if provider is not None:
             if lab is not None or transport is not None:
                 raise InvalidArgument(
                     "lab= and transport= need a sandboxkit daemon, not a provider",
+                    field="provider",
+                )
+            if limits is not None or isolation not in (None, "auto") or not allow_internet_access:
+                raise InvalidArgument(
+                    "isolation=, allow_internet_access= and limits= are a sandboxkit daemon's;"
+                    " pass the provider's own options in provider_options",
                     field="provider",
                 )
             from sandboxkit.providers import load
@@ -140,11 +162,18 @@ class AsyncSandbox:
                 "envs": envs or {},
                 "metadata": metadata or {},
                 "lab": None if lab is None else msgspec.to_builtins(lab),
+                "allow_internet_access": allow_internet_access,
             }
+            if isolation is not None:
+                body["isolation"] = isolation
+            if limits is not None:
+                body["limits"] = msgspec.to_builtins(limits)
             info = SandboxInfo.from_json(await api.call("POST", "/sandboxes", json=body))
         except BaseException:
             await api.aclose()
             raise
+        if info.isolation == "none" and isolation != "none":
+            _warn_unisolated(info.isolation_reason)
         return cls(api, info)
 
     @classmethod
@@ -278,6 +307,23 @@ class AsyncSandbox:
 
     def __repr__(self) -> str:
         return f"<AsyncSandbox {self.sandbox_id} {self.info.state}>"
+
+
+_warned_unisolated = False
+
+
+def _warn_unisolated(reason: str) -> None:
+    """Say once per process that sandboxes here run without namespaces, and why."""
+    global _warned_unisolated
+    if not _warned_unisolated:
+        _warned_unisolated = True
+        warnings.warn(
+            IsolationWarning(
+                f"sandboxes run without isolation on this daemon: {reason or 'unknown'} "
+                "(see docs/isolation.md; isolation='namespaces' makes this an error)"
+            ),
+            stacklevel=4,
+        )
 
 
 def events_frame(events: list[dict[str, Any]]) -> pd.DataFrame:

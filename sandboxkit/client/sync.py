@@ -25,6 +25,7 @@ from sandboxkit.client.sandbox import DEFAULT_TIMEOUT, AsyncSandbox
 from sandboxkit.client.stdin import StdinSession
 from sandboxkit.client.stream import BytesCallback, OnGap, OutputCallback, ProcessStream
 from sandboxkit.lab_options import LabOptions
+from sandboxkit.limits import Limits
 
 if TYPE_CHECKING:
     import pandas as pd  # (see client/sandbox.py: imported only to build a frame)
@@ -439,6 +440,9 @@ class Sandbox:
         envs: dict[str, str] | None = None,
         metadata: dict[str, str] | None = None,
         lab: LabOptions | None = None,
+        isolation: Literal["auto", "namespaces", "none"] | None = None,
+        allow_internet_access: bool = True,
+        limits: Limits | dict[str, Any] | None = None,
         url: str | None = None,
         token: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
@@ -456,6 +460,9 @@ class Sandbox:
                 envs=envs,
                 metadata=metadata,
                 lab=lab,
+                isolation=isolation,
+                allow_internet_access=allow_internet_access,
+                limits=limits,
                 url=url,
                 token=token,
                 transport=transport,

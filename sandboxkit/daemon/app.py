@@ -56,6 +56,7 @@ from sandboxkit.daemon.tcp_peer import SEND_BUFFER, size_send_buffer, window_clo
 from sandboxkit.errors import (
     FileNotFound,
     InvalidArgument,
+    IsolationUnavailable,
     MalformedFrame,
     PayloadTooLarge,
     ProcessNotFound,
@@ -316,6 +317,7 @@ class _Api:
                 "started_at": self.host.started_at,
                 "sandboxes": len(self.host.sandboxes),
                 "closing": self.host.closing,
+                "isolation": self.host.isolation_support(),
             }
         )
 
@@ -330,6 +332,9 @@ class _Api:
             auto_resume=body.auto_resume,
             metadata=body.metadata,
             lab=body.lab,
+            isolation=body.isolation,
+            allow_internet_access=body.allow_internet_access,
+            limits=body.limits,
         )
         return JsonResponse(sandbox.to_json(), status_code=201)
 
@@ -470,6 +475,7 @@ class _Api:
                 body=CreateSandbox,
                 response=SandboxInfo,
                 status=201,
+                errors=(IsolationUnavailable,),
             ),
             ep(
                 "GET",

@@ -83,6 +83,9 @@ class DaemonConfig:
     (benchmarks/compare.py, P7)."""
     journal_size: int = 20_000
     """Events kept in the journal."""
+    isolation: str = field(default_factory=lambda: os.environ.get("SANDBOXKIT_ISOLATION", "auto"))
+    """What a sandbox created without ``isolation`` gets: ``auto`` (namespaces where the
+    kernel allows, else none), ``namespaces`` or ``none`` (``docs/isolation.md``)."""
     freezer: str = "auto"
     """Process-tree freezer backend: ``auto``, ``cgroup`` or ``signals``."""
     lab: LabDefaults = field(default_factory=LabDefaults)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import secrets
 import shutil
 import tempfile
@@ -14,14 +15,32 @@ from typing import Any
 from sandboxkit.daemon.config import DaemonConfig
 from sandboxkit.daemon.consumers import Consumer, FrameSink, check_role
 from sandboxkit.daemon.events import EventJournal
-from sandboxkit.daemon.freezer import Freezer, make_freezer
+from sandboxkit.daemon.freezer import CgroupFreezer, Freezer, make_freezer
+from sandboxkit.daemon.isolation import (
+    SANDBOX_HOST_UID,
+    NamespacePlan,
+    drop_prefix,
+    hidden_defaults,
+    probe,
+    resolve_mode,
+    write_accounts,
+)
+from sandboxkit.daemon.limits import LimitEnforcer
 from sandboxkit.daemon.process import ManagedProcess
 from sandboxkit.daemon.recovery import ROOT_PREFIX, claim_root, recover
 from sandboxkit.daemon.sandbox import ManagedSandbox, OnTimeout
 from sandboxkit.errors import InvalidArgument, SandboxNotFound, SandboxPaused
 from sandboxkit.lab_options import LabOptions
+from sandboxkit.limits import Limits
 
 __all__ = ["Host"]
+
+
+def _why_none(asked: str, mode: str) -> str:
+    if mode != "none":
+        return ""
+    return "isolation='none' was asked for" if asked == "none" else probe().reason
+
 
 _CLOSED_CONSUMERS_KEPT = 64
 
@@ -54,6 +73,8 @@ class Host:
         """End what dead daemons left behind (see :mod:`~sandboxkit.daemon.recovery`),
         then start housekeeping (idle timeouts, result TTLs)."""
         if self._housekeeper is None:
+            # Tried once, off the loop: a create then never waits for bwrap to answer.
+            await asyncio.to_thread(probe)
             try:
                 reports = await asyncio.to_thread(recover)
             except Exception as exc:  # best effort: never keep the daemon from serving
@@ -97,15 +118,34 @@ class Host:
         auto_resume: bool = False,
         metadata: dict[str, str] | None = None,
         lab: LabOptions | None = None,
+        isolation: str | None = None,
+        allow_internet_access: bool = True,
+        limits: Limits | None = None,
     ) -> ManagedSandbox:
         """Create a sandbox with its own working directory and process tree; ``lab``
-        makes it a fault-lab sandbox (see :mod:`sandboxkit.daemon.faults`)."""
+        makes it a fault-lab sandbox (see :mod:`sandboxkit.daemon.faults`).
+
+        ``isolation`` (``auto``, ``namespaces``, ``none``; ``None``: the daemon's
+        default) decides whether its processes run in namespaces (see
+        :mod:`~sandboxkit.daemon.isolation`); ``allow_internet_access=False`` gives them a
+        network namespace with loopback only."""
+        # Typed refusals (IsolationUnavailable, a bad mode) before anything is made.
+        mode = resolve_mode(isolation or self.config.isolation)
         sandbox_id = "sbx-" + secrets.token_hex(4)
         workdir = self.root / sandbox_id
+        tmpdir = workdir.with_name(sandbox_id + ".tmp")
         workdir.mkdir()
         tree: Freezer | None = None
+        enforcer: LimitEnforcer | None = None
         try:
+            tmpdir.mkdir(mode=0o700)
+            plan = None
+            if mode == "namespaces":
+                plan = self._plan(sandbox_id, workdir, tmpdir, allow_internet_access)
             tree = make_freezer(sandbox_id, self.config.freezer)
+            if limits is not None and limits.given():
+                cgroup = tree.path if isinstance(tree, CgroupFreezer) else None
+                enforcer = LimitEnforcer(sandbox_id, limits, cgroup)
             sandbox = ManagedSandbox(
                 sandbox_id,
                 workdir,
@@ -118,18 +158,58 @@ class Host:
                 auto_resume=auto_resume,
                 metadata=metadata,
                 lab=lab,
+                plan=plan,
+                tmpdir=tmpdir,
+                limits=enforcer,
+                isolation_reason=_why_none(isolation or self.config.isolation, mode),
             )
         except BaseException:
             # A refused sandbox (e.g. a bad timeout) must not leak its directory or cgroup.
             if tree is not None:
                 tree.close()
+            if enforcer is not None:
+                enforcer.close()
             shutil.rmtree(workdir, ignore_errors=True)
+            shutil.rmtree(tmpdir, ignore_errors=True)
             raise
         self.sandboxes[sandbox_id] = sandbox
         self.journal.record(
             "sandbox.created", sandbox_id=sandbox_id, reason="user", timeout=timeout
         )
         return sandbox
+
+    def _plan(self, sandbox_id: str, workdir: Path, tmpdir: Path, internet: bool) -> NamespacePlan:
+        """The namespaces of a new isolated sandbox. A root daemon's sandboxed processes
+        run as :data:`SANDBOX_HOST_UID`: their two directories become that account's, and
+        the root only lets it through to them (0711: no listing)."""
+        etc = self.root / ".etc"
+        if not (etc / "group").exists():
+            write_accounts(etc)
+        if os.geteuid() == 0:
+            os.chmod(self.root, 0o711)
+            for directory in (workdir, tmpdir):
+                os.chown(directory, SANDBOX_HOST_UID, SANDBOX_HOST_UID)
+        bwrap = probe().bwrap
+        assert bwrap is not None  # resolve_mode said namespaces
+        return NamespacePlan(
+            home=workdir,
+            tmp=tmpdir,
+            etc=etc,
+            hide=hidden_defaults(self.root),
+            internet=internet,
+            hostname=sandbox_id,
+            bwrap=bwrap,
+            prefix=drop_prefix(),
+        )
+
+    def isolation_support(self) -> dict[str, Any]:
+        """Whether namespaces can be had here, what is missing if not, and the default."""
+        found = probe()
+        return {
+            "available": found.available,
+            "reason": found.reason,
+            "default": self.config.isolation,
+        }
 
     def get(self, sandbox_id: str) -> ManagedSandbox:
         """The sandbox, or SandboxNotFound."""

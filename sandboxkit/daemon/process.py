@@ -21,6 +21,8 @@ from sandboxkit.daemon.consumers import Consumer
 from sandboxkit.daemon.events import EventJournal
 from sandboxkit.daemon.fanout import Fanout
 from sandboxkit.daemon.freezer import Freezer
+from sandboxkit.daemon.isolation import NamespacePlan
+from sandboxkit.daemon.limits import LimitEnforcer
 from sandboxkit.daemon.output_log import OutputLog
 from sandboxkit.daemon.run_as import resolve_user
 from sandboxkit.daemon.stdin import StdinLedger
@@ -293,25 +295,37 @@ class ManagedProcess:
         self.launch = secrets.token_hex(6)
         """Names this process and all it starts to the freezer (see ``Freezer``)."""
         self._freezer: Freezer | None = None
+        self.isolated = False
+        self._limits: LimitEnforcer | None = None
+        """Whether it runs in namespaces (set by :meth:`start`)."""
 
     # -- lifecycle -------------------------------------------------------------------
 
-    async def start(self, freezer: Freezer, workdir: str, base_env: dict[str, str]) -> None:
-        """Spawn the process in the sandbox's ``freezer`` and start capturing its output."""
+    async def start(
+        self,
+        freezer: Freezer,
+        workdir: str,
+        base_env: dict[str, str],
+        plan: NamespacePlan | None = None,
+        limits: LimitEnforcer | None = None,
+    ) -> None:
+        """Spawn the process in the sandbox's ``freezer`` (and namespaces, with a ``plan``)
+        and start capturing its output."""
         loop = asyncio.get_running_loop()
-        cwd = self._cwd(workdir)
-        run_as = resolve_user(self.spec.user)  # InvalidArgument before anything starts
-        login = run_as.env() if run_as is not None else {}
+        # InvalidArgument (a bad cwd or user) before anything starts.
+        if plan is not None:
+            wrap, own_env, cwd = plan.wrap(self.spec.user, self.spec.cwd)
+        else:
+            cwd = self._cwd(workdir)
+            run_as = resolve_user(self.spec.user)
+            own_env = {**os.environ, **(run_as.env() if run_as is not None else {})}
+            wrap = run_as.argv_prefix() if run_as is not None else []
+        self.isolated = plan is not None
         # The owner mark last: a request cannot claim another sandbox's processes.
-        env = {
-            **os.environ,
-            **base_env,
-            **login,
-            **self.spec.envs,
-            **freezer.launch_env(self.launch),
-        }
-        drop = run_as.argv_prefix() if run_as is not None else []
-        argv = freezer.launch_prefix() + drop + self.spec.command_line()
+        env = {**own_env, **base_env, **self.spec.envs, **freezer.launch_env(self.launch)}
+        self._limits = limits
+        bounds = limits.launch_prefix() if limits is not None else []
+        argv = freezer.launch_prefix() + bounds + wrap + self.spec.command_line()
         check_exec_size(argv, env, argv_field="argv" if self.spec.argv is not None else "cmd")
         capture = _Capture(self)
         pty_reader: _PtyReader | None = None
@@ -398,6 +412,13 @@ class ManagedProcess:
             await asyncio.wait_for(asyncio.gather(*closers), self.config.exit_drain)
         assert self._transport is not None
         code = self._transport.get_returncode()
+        if self.isolated and code is not None and 128 < code <= 128 + 64:
+            # bwrap reports a command that a signal ended as 128 + the signal, as a shell
+            # does; the daemon's convention (and without isolation) is minus the signal.
+            code = 128 - code
+        if self._limits is not None and self._limits.new_oom_kill():
+            # The kernel's OOM killer ended a process of the sandbox as this one exited.
+            self.kill_reason = self.kill_reason or "oom"
         self._close_transports()
         self.log.finish(code if code is not None else -1)
         self.journal.record(

@@ -16,6 +16,8 @@ from sandboxkit.daemon.events import EventJournal
 from sandboxkit.daemon.fanout import CursorFanout, Fanout
 from sandboxkit.daemon.faults.lab import FaultLab
 from sandboxkit.daemon.freezer import Freezer
+from sandboxkit.daemon.isolation import NamespacePlan
+from sandboxkit.daemon.limits import LimitEnforcer
 from sandboxkit.daemon.output_log import OutputLog
 from sandboxkit.daemon.process import ManagedProcess, ProcessSpec
 from sandboxkit.daemon.segment_store import remove_tree
@@ -48,6 +50,10 @@ class ManagedSandbox:
         auto_resume: bool = False,
         metadata: dict[str, str] | None = None,
         lab: LabOptions | None = None,
+        plan: NamespacePlan | None = None,
+        tmpdir: Path | None = None,
+        limits: LimitEnforcer | None = None,
+        isolation_reason: str = "",
     ) -> None:
         if timeout is not None and timeout <= 0:
             raise InvalidArgument("timeout must be positive", field="timeout")
@@ -72,6 +78,14 @@ class ManagedSandbox:
         self.last_activity = time.monotonic()
         self.processes: dict[int, ManagedProcess] = {}
         self.evicted: deque[int] = deque(maxlen=10_000)
+        self.plan = plan
+        self.isolation_reason = isolation_reason
+        """How its processes are isolated (``None``: they are not, ``isolation="none"``)."""
+        self.limits = limits
+        """Its resource limits and how each holds (``None``: none were asked for)."""
+        self.tmpdir = tmpdir or workdir.with_name(workdir.name + ".tmp")
+        """What its processes see as ``/tmp`` under isolation (a host directory beside the
+        working directory, so the files API reaches it too)."""
         self.runtime_dir = workdir.with_name(workdir.name + ".run")
         """The daemon's files for this sandbox, beside (not in) its working directory:
         its processes' output logs. Removed by :meth:`release`."""
@@ -118,7 +132,7 @@ class ManagedSandbox:
             self._fanout,
             log_dir=self.runtime_dir / f"log-{self._logs}" if self.config.output_on_disk else None,
         )
-        await process.start(self.tree, str(self.workdir), self.envs)
+        await process.start(self.tree, str(self.workdir), self.envs, self.plan, self.limits)
         self.processes[process.pid] = process
         self.journal.record(
             "process.started",
@@ -235,8 +249,11 @@ class ManagedSandbox:
                 # Results stay readable (from disk) until released; memory goes now.
                 process.log.drop_cache()
             self.tree.close()
-            with contextlib.suppress(OSError):
-                shutil.rmtree(self.workdir)
+            if self.limits is not None:
+                self.limits.close()
+            for directory in (self.workdir, self.tmpdir):
+                with contextlib.suppress(OSError):
+                    shutil.rmtree(directory)
             self.state = "killed"
             self.killed_at = time.time()
             self.journal.record("sandbox.killed", sandbox_id=self.sandbox_id, reason=reason)
@@ -267,5 +284,10 @@ class ManagedSandbox:
             "created_at": self.created_at,
             "killed_at": self.killed_at,
             "freezer": self.tree.backend,
+            "isolation": "none" if self.plan is None else "namespaces",
+            "isolation_reason": self.isolation_reason,
+            "allow_internet_access": True if self.plan is None else self.plan.internet,
+            "limits": {} if self.limits is None else self.limits.limits.given(),
+            "limits_enforced": {} if self.limits is None else self.limits.enforced(),
             "processes": sum(1 for p in self.processes.values() if p.running),
         }

@@ -20,6 +20,7 @@ from msgspec import Meta, Struct
 
 from sandboxkit.errors import DAEMON_ERROR_TABLE, InvalidArgument, MalformedFrame
 from sandboxkit.lab_options import FanoutPolicy, LabOptions
+from sandboxkit.limits import Limits
 
 __all__ = [
     "ERROR_SCHEMA",
@@ -83,6 +84,12 @@ class CreateSandbox(Struct, forbid_unknown_fields=True, omit_defaults=True):
     ] = {}
     lab: LabOptions | None = None
     """Fault-lab options (:mod:`sandboxkit.lab_options`); absent: a production sandbox."""
+    isolation: Literal["auto", "namespaces", "none"] | None = None
+    """Namespaces for its processes (``docs/isolation.md``); absent: the daemon's default."""
+    allow_internet_access: bool = True
+    """``false``: a network namespace with loopback only (under isolation)."""
+    limits: Limits | None = None
+    """Resource limits (:mod:`sandboxkit.limits`)."""
 
 
 class SetTimeout(Struct, forbid_unknown_fields=True):
@@ -132,12 +139,22 @@ REQUEST_MODELS: tuple[type[Struct], ...] = (CreateSandbox, SetTimeout, StartProc
 # -- responses (documentation and tests: the daemon's views are plain dicts) --------------
 
 
+class IsolationSupport(Struct):
+    available: bool
+    """Whether ``isolation="namespaces"`` can be had on this daemon's host."""
+    reason: str
+    """What is missing when it cannot (empty when it can)."""
+    default: str
+    """What a sandbox created without ``isolation`` asks for."""
+
+
 class Health(Struct):
     status: str
     version: str
     started_at: float
     sandboxes: int
     closing: bool
+    isolation: IsolationSupport
 
 
 class SandboxInfo(Struct):
@@ -157,6 +174,15 @@ class SandboxInfo(Struct):
     killed_at: float | None
     freezer: str
     processes: int
+    isolation: Literal["namespaces", "none"]
+    """What holds for its processes: ``namespaces`` or ``none``."""
+    isolation_reason: str
+    """Why ``none``, when it is: asked for, or what the host lacks."""
+    allow_internet_access: bool
+    limits: dict[str, float]
+    """The limits asked for (sizes in bytes)."""
+    limits_enforced: dict[str, Literal["cgroup", "cgroup-v1", "rlimit", "none"]]
+    """How each limit holds on this host (``sandboxkit/daemon/limits.py``)."""
 
 
 class ProcessSpecInfo(Struct):

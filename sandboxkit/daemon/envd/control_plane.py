@@ -324,8 +324,6 @@ class _ControlPlane:
         ):
             if value:
                 raise _unsupported(name)
-        if body.allow_internet_access is False:
-            raise _unsupported("allow_internet_access=False (no network isolation)")
         if body.auto_pause and body.auto_pause_memory is False:
             raise _unsupported("a filesystem-only auto-pause")
         try:
@@ -335,6 +333,9 @@ class _ControlPlane:
                 on_timeout="pause" if body.auto_pause else "kill",
                 auto_resume=bool(body.auto_resume and body.auto_resume.enabled),
                 metadata=body.metadata,
+                # E2B's own name; refused (IsolationUnavailable) where namespaces are not.
+                allow_internet_access=body.allow_internet_access is not False,
+                isolation=None if body.allow_internet_access is not False else "namespaces",
             )
         except SandboxkitError as exc:
             raise _api_error(exc) from None

@@ -1,0 +1,345 @@
+"""Isolation: each sandboxed process in its own Linux namespaces, seeing E2B's file system.
+
+A sandbox's process runs under bubblewrap (``bwrap``, Debian's ``bubblewrap``: what
+Flatpak and Anthropic's sandbox-runtime use) in new user, mount, PID, IPC and UTS
+namespaces, and a new network namespace with nothing but loopback when the sandbox has
+no internet access. What it sees (``docs/isolation.md`` has the threat model):
+
+* ``/home/user`` — the sandbox's working directory (its cwd and ``$HOME``);
+* ``/tmp`` — the sandbox's own temporary directory, shared by its processes only;
+* the host's system directories, read-only; a fresh ``/proc`` of its PID namespace and a
+  minimal ``/dev``;
+* nothing of ``/home``, ``/root``, ``/run``, ``/var/tmp``, the host's ``/tmp``, the
+  daemon's user's home, state file or runtime root (each an empty tmpfs), except the
+  Python installation the daemon runs on, read-only, so ``sys.executable`` works inside.
+
+Why bubblewrap and not our own ``unshare``/``mount`` calls: bwrap is a small, audited C
+program that does the fiddly parts (pivot_root, ``/proc`` and ``/dev`` inside a new PID
+namespace, the uid map, no new privileges) the same way for every distribution that
+ships Flatpak; the daemon stays pure Python and stays unprivileged.
+
+Why one namespace set per *process* rather than per sandbox: every launch then starts
+from the same plan with no long-lived helper to supervise, pause or recover, and the
+freezer, kill and recovery see an ordinary process tree (orphans inside are reparented
+to bwrap's init, a descendant of the launch). What the processes of one sandbox share is
+what E2B users share between commands: ``/home/user`` and ``/tmp`` (bind mounts of host
+directories, which is also how the files API reaches them) and, with internet access,
+the host's network. Without it each process has its own loopback (documented).
+
+A root daemon never runs sandboxed code as host root: inside a user namespace a process
+whose host uid is 0 still passes owner permission checks on root's files (``/etc/shadow``
+is root's), so processes first drop to :data:`SANDBOX_HOST_UID` (``nobody``), and the
+sandbox's directories are given to that account.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final, Literal
+
+from sandboxkit.errors import InvalidArgument, IsolationUnavailable
+
+__all__ = [
+    "HOME",
+    "ISOLATION_MODES",
+    "SANDBOX_HOST_UID",
+    "TMP",
+    "IsolationMode",
+    "NamespacePlan",
+    "Probe",
+    "drop_prefix",
+    "hidden_defaults",
+    "probe",
+    "resolve_mode",
+    "write_accounts",
+]
+
+IsolationMode = Literal["auto", "namespaces", "none"]
+ISOLATION_MODES: Final = ("auto", "namespaces", "none")
+
+HOME: Final = "/home/user"
+"""The sandbox's working directory as its processes see it (E2B's)."""
+TMP: Final = "/tmp"
+
+USER_UID: Final = 1000
+"""``user`` inside the namespace (E2B's default account)."""
+
+SANDBOX_HOST_UID: Final = 65534
+"""The host account a *root* daemon runs sandboxed processes as (``nobody``)."""
+
+# Environment a sandboxed process gets from the daemon's own: enough for programs to
+# behave (locale, terminal, search path), nothing that could carry a secret.
+_PASS_ENV: Final = ("PATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TERM", "TZ")
+_DEFAULT_PATH: Final = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+# Host directories never shown inside (replaced by an empty tmpfs when they exist).
+_HIDDEN: Final = ("/home", "/root", "/run", "/var/tmp", "/var/run", "/mnt", "/media", "/srv")
+
+
+@dataclass(frozen=True)
+class Probe:
+    """Whether namespaces work here, and if not, what is missing."""
+
+    available: bool
+    reason: str = ""
+    bwrap: str | None = None
+
+
+@functools.cache
+def probe() -> Probe:
+    """Try bubblewrap once (a few ms): the answer holds for the daemon's lifetime."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return Probe(False, "bubblewrap is not installed (the 'bwrap' program; Debian: bubblewrap)")
+    argv = [
+        bwrap,
+        *_UNSHARE,
+        "--unshare-net",
+        "--ro-bind",
+        "/",
+        "/",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--",
+        "true",
+    ]
+    try:
+        done = subprocess.run(argv, capture_output=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return Probe(False, f"bubblewrap did not run: {exc}")
+    if done.returncode == 0:
+        return Probe(True, bwrap=bwrap)
+    said = done.stderr.decode(errors="replace").strip().splitlines()
+    return Probe(False, _why_not(said[-1] if said else f"exit {done.returncode}"))
+
+
+def _why_not(said: str) -> str:
+    """bwrap's complaint, with the kernel setting behind it when one is off."""
+    knobs = ("/proc/sys/kernel/unprivileged_userns_clone", "/proc/sys/user/max_user_namespaces")
+    for knob in knobs:
+        try:
+            if Path(knob).read_text().strip() == "0":
+                return f"user namespaces are disabled ({knob[6:].replace('/', '.')} = 0): {said}"
+        except OSError:
+            continue
+    return f"user namespaces are not available here: {said}"
+
+
+def resolve_mode(asked: str) -> Literal["namespaces", "none"]:
+    """What ``asked`` gives on this host: ``auto`` → namespaces when they work, else
+    none; ``namespaces`` → namespaces or :class:`IsolationUnavailable` naming what is
+    missing; ``none`` → none."""
+    if asked not in ISOLATION_MODES:
+        raise InvalidArgument(
+            f"isolation must be one of {', '.join(ISOLATION_MODES)}, not {asked!r}",
+            field="isolation",
+        )
+    if asked == "none":
+        return "none"
+    found = probe()
+    if found.available:
+        return "namespaces"
+    if asked == "namespaces":
+        raise IsolationUnavailable(
+            f"isolation='namespaces' cannot be had here: {found.reason}", missing=found.reason
+        )
+    return "none"
+
+
+_UNSHARE: Final = ("--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts")
+
+
+@dataclass(frozen=True)
+class NamespacePlan:
+    """How one sandbox's processes are wrapped: its two host directories, what to hide,
+    and whether it has the host's network."""
+
+    home: Path
+    """The sandbox's working directory, mounted at :data:`HOME`."""
+    tmp: Path
+    """The sandbox's temporary directory, mounted at :data:`TMP`."""
+    etc: Path
+    """Holds the ``passwd`` and ``group`` the sandbox sees (see :func:`write_accounts`)."""
+    hide: tuple[str, ...]
+    """Host directories replaced by an empty tmpfs, besides :data:`_HIDDEN`."""
+    internet: bool
+    hostname: str
+    bwrap: str
+    prefix: tuple[str, ...] = ()
+    """Run before bwrap: the limits' ``prlimit`` and, for a root daemon, the drop to
+    :data:`SANDBOX_HOST_UID`."""
+
+    def wrap(self, user: str | None, cwd: str | None) -> tuple[list[str], dict[str, str], str]:
+        """For one launch: the argv to put before the command, the base environment, and
+        the host directory to start bwrap in. ``user`` is ``user`` (the default) or
+        ``root`` (root inside the namespace only); InvalidArgument for any other."""
+        account = _account(user)
+        inside, backing = self.inside_path(cwd)
+        argv = [*self.prefix, *self.argv(inside, account)]
+        return argv, self.env(account), str(backing or self.home)
+
+    def inside_path(self, cwd: str | None) -> tuple[str, Path | None]:
+        """``cwd`` as the process sees it, and the host directory that backs it (``None``
+        for a read-only system directory). Relative paths are relative to ``/home/user``.
+        InvalidArgument unless the directory exists and is visible inside."""
+        inside = os.path.normpath(os.path.join(HOME, cwd or ""))
+        for mount, host in ((HOME, self.home), (TMP, self.tmp)):
+            if inside == mount or inside.startswith(mount + "/"):
+                backing = host / os.path.relpath(inside, mount)
+                if not backing.is_dir():
+                    raise InvalidArgument(
+                        f"cwd {inside} does not exist in the sandbox"
+                        + ("" if cwd and cwd.startswith("/") else " (relative to /home/user)"),
+                        field="cwd",
+                    )
+                return inside, backing
+        if _under(inside, (*_HIDDEN, *self.hide, "/proc", "/dev", "/sys")):
+            raise InvalidArgument(f"cwd {inside} is not visible inside the sandbox", field="cwd")
+        if not os.path.isdir(inside):
+            raise InvalidArgument(f"cwd {inside} does not exist in the sandbox", field="cwd")
+        return inside, None
+
+    def env(self, user: str) -> dict[str, str]:
+        """The base environment of a sandboxed process (then the sandbox's and the
+        request's variables go on top)."""
+        env = {k: os.environ[k] for k in _PASS_ENV if k in os.environ}
+        env.setdefault("PATH", _DEFAULT_PATH)
+        home = "/root" if user == "root" else HOME
+        env.update(HOME=home, USER=user, LOGNAME=user, TMPDIR=TMP)
+        return env
+
+    def argv(self, cwd_inside: str, user: str) -> list[str]:
+        """``bwrap`` options, ending in ``--``: put the command's argv after it."""
+        uid = 0 if user == "root" else USER_UID
+        argv = [self.bwrap, *_UNSHARE]
+        if not self.internet:
+            argv.append("--unshare-net")
+        argv += ["--uid", str(uid), "--gid", str(uid), "--hostname", self.hostname]
+        argv += ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
+        covered = (*_HIDDEN, *self.hide)
+        for hidden in _existing_dirs(covered):
+            argv += ["--tmpfs", hidden]
+        argv += ["--bind", str(self.home), HOME, "--bind", str(self.tmp), TMP]
+        # The daemon's interpreter stays usable inside (it may live in a hidden home, or
+        # in a venv under the host's /tmp).
+        for keep in _existing_dirs(_python_dirs()):
+            if _under(keep, (*covered, TMP)) and (not self.prefix or _world_reachable(keep)):
+                argv += ["--ro-bind", keep, keep]
+        if user == "root":
+            argv += ["--dir", "/root"]
+        for name in ("passwd", "group"):
+            argv += ["--ro-bind", str(self.etc / name), f"/etc/{name}"]
+        # No --clearenv: bwrap passes on its own environment, which the daemon builds
+        # from :meth:`env` alone (nothing of the daemon's own environment leaks in).
+        argv += ["--chdir", cwd_inside, "--"]
+        return argv
+
+
+def _account(user: str | None) -> str:
+    if user in (None, "", "user"):
+        return "user"
+    if user == "root":
+        return "root"
+    raise InvalidArgument(
+        f"an isolated sandbox runs processes as 'user' or 'root' (inside its namespace), "
+        f"not {user!r}",
+        field="user",
+    )
+
+
+def drop_prefix() -> tuple[str, ...]:
+    """For a root daemon, the argv that drops to :data:`SANDBOX_HOST_UID` before bwrap
+    (``setpriv``, util-linux); nothing for any other daemon."""
+    if os.geteuid() != 0:
+        return ()
+    setpriv = shutil.which("setpriv")
+    ids = (str(SANDBOX_HOST_UID), str(SANDBOX_HOST_UID))
+    if setpriv is not None:
+        return (setpriv, f"--reuid={ids[0]}", f"--regid={ids[1]}", "--clear-groups", "--")
+    drop = (
+        "import os,sys;os.setgroups([]);os.setgid(65534);os.setuid(65534);"
+        "os.execvp(sys.argv[1],sys.argv[1:])"
+    )
+    return (sys.executable, "-I", "-S", "-c", drop)
+
+
+def hidden_defaults(root: Path) -> tuple[str, ...]:
+    """Host places of the daemon's own to hide besides :data:`_HIDDEN`: its runtime root,
+    its user's home, its runtime and temp directories, and its state file's directory."""
+    places = [str(root), os.path.expanduser("~"), tempfile.gettempdir()]
+    for var in ("XDG_RUNTIME_DIR", "SANDBOXKIT_STATE_FILE"):
+        value = os.environ.get(var)
+        if value:
+            places.append(value if var == "XDG_RUNTIME_DIR" else os.path.dirname(value))
+    return tuple(p for p in places if os.path.isabs(p))
+
+
+def _world_reachable(path: str) -> bool:
+    """Whether any account can get to ``path`` (every directory on the way searchable by
+    others): what ``nobody`` can bind, when a root daemon drops to it."""
+    while True:
+        try:
+            if not os.stat(path).st_mode & 0o001:
+                return False
+        except OSError:
+            return False
+        parent = os.path.dirname(path)
+        if parent == path:
+            return True
+        path = parent
+
+
+def _under(path: str, places: Iterable[str]) -> bool:
+    return any(path == p or path.startswith(p.rstrip("/") + "/") for p in places)
+
+
+def _existing_dirs(paths: Iterable[str]) -> list[str]:
+    seen: list[str] = []
+    for path in paths:
+        real = os.path.realpath(path)
+        if os.path.isdir(real) and real != "/" and real not in seen:
+            seen.append(real)
+    return seen
+
+
+def _python_dirs() -> tuple[str, ...]:
+    """The daemon's Python: its prefixes and the directory of the real interpreter."""
+    return (
+        sys.prefix,
+        sys.base_prefix,
+        sys.exec_prefix,
+        os.path.dirname(os.path.dirname(os.path.realpath(sys.executable))),
+    )
+
+
+def write_accounts(etc: Path) -> None:
+    """``passwd`` and ``group`` for inside: the host's system accounts, with ``user``
+    (uid 1000, home ``/home/user``) in place of whatever account has uid 1000 here."""
+    etc.mkdir(parents=True, exist_ok=True)
+    for name, line in (
+        ("passwd", f"user:x:{USER_UID}:{USER_UID}:user:{HOME}:/bin/bash"),
+        ("group", f"user:x:{USER_UID}:"),
+    ):
+        try:
+            host = Path("/etc", name).read_text().splitlines()
+        except OSError:
+            host = ["root:x:0:0:root:/root:/bin/sh" if name == "passwd" else "root:x:0:"]
+        kept = [
+            entry
+            for entry in host
+            if entry.count(":") >= 2
+            and entry.split(":")[2] != str(USER_UID)
+            and entry.split(":")[0] != "user"
+        ]
+        (etc / name).write_text("\n".join([*kept, line]) + "\n")
+        os.chmod(etc / name, 0o644)

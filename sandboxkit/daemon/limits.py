@@ -1,0 +1,217 @@
+"""Enforcing a sandbox's :class:`~sandboxkit.limits.Limits` with what the host allows.
+
+Each limit is held by the strongest means this daemon may use, and ``enforced()`` says
+which (``get_info().limits_enforced``, ``docs/isolation.md``):
+
+``cgroup`` — cgroup v2 controllers in the sandbox's own cgroup (the freezer's), where
+    the daemon's cgroup may enable them (a root daemon on a v2 host; a user with systemd
+    delegation). Memory is for the whole sandbox, and past it the kernel's OOM killer
+    ends a process: the daemon reads ``memory.events`` and records reason ``oom``.
+``cgroup-v1`` — the same from the v1 ``memory``, ``pids`` and ``cpu`` hierarchies, for a
+    root daemon on a hybrid host (v2 mounted beside v1, as on this project's CI).
+``rlimit`` — per-process resource limits, inherited by everything a launch starts:
+    ``RLIMIT_AS`` for memory (an allocation past it fails: ENOMEM, no OOM kill),
+    ``RLIMIT_NPROC`` for pids (counted per user namespace, so per launch under
+    isolation), ``RLIMIT_FSIZE`` for disk (per file: a write past it gets ``SIGXFSZ``),
+    ``RLIMIT_NOFILE`` for open files (always this way: no cgroup limits open files).
+``none`` — ``cpu`` with no cgroup: no rlimit can share a core.
+
+The ``disk`` limit also caps the sandbox's ``/tmp`` nowhere else: ``/home/user`` is a
+host directory, which only a quota or a file system of its own could cap (neither can a
+non-root daemon make); ``RLIMIT_FSIZE`` keeps any one file under it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Final
+
+from sandboxkit.limits import Limits
+
+__all__ = ["LimitEnforcer"]
+
+logger = logging.getLogger(__name__)
+
+_V1_ROOT: Final = Path("/sys/fs/cgroup")
+_PERIOD_US: Final = 100_000
+_JOIN: Final = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 126; shift; done; shift; exec "$@"'
+"""A ``/bin/sh`` wrapper that joins each cgroup named before ``--``, then execs the rest."""
+
+
+class LimitEnforcer:
+    """One sandbox's limits: where they are written, and the argv that applies them."""
+
+    def __init__(self, sandbox_id: str, limits: Limits, cgroup: Path | None) -> None:
+        """``cgroup``: the sandbox's cgroup v2 directory (the cgroup freezer's), if any."""
+        self.limits = limits
+        self.how: dict[str, str] = {}
+        self._v2 = cgroup
+        self._v1: dict[str, Path] = {}
+        self._rlimits: dict[str, int] = {}
+        wanted = limits.given()
+        if cgroup is not None:
+            self._write_v2(cgroup, wanted)
+        if os.geteuid() == 0:
+            self._write_v1(sandbox_id, wanted)
+        if "memory" in wanted and "memory" not in self.how:
+            self._rlimit("memory", "as", int(wanted["memory"]))
+        if "pids" in wanted and "pids" not in self.how:
+            self._rlimit("pids", "nproc", int(wanted["pids"]))
+        if "disk" in wanted:
+            self._rlimit("disk", "fsize", int(wanted["disk"]))
+        if "open_files" in wanted:
+            self._rlimit("open_files", "nofile", int(wanted["open_files"]))
+        if "cpu" in wanted and "cpu" not in self.how:
+            self.how["cpu"] = "none"
+        self._oom_seen = self.oom_kills()
+
+    # -- setting up ------------------------------------------------------------------
+
+    def _write_v2(self, cgroup: Path, wanted: dict[str, int | float]) -> None:
+        files = {
+            "memory": ("memory.max", str(int(wanted.get("memory", 0)))),
+            "pids": ("pids.max", str(int(wanted.get("pids", 0)))),
+            "cpu": ("cpu.max", f"{max(1000, int(wanted.get('cpu', 0) * _PERIOD_US))} {_PERIOD_US}"),
+        }
+        for name, (file, value) in files.items():
+            if name not in wanted:
+                continue
+            controller = file.split(".")[0]
+            if not _enable_v2(cgroup.parent, controller):
+                continue
+            try:
+                (cgroup / file).write_text(value)
+                if name == "memory":
+                    # No swap, so the limit is a limit (best effort: swap may be off).
+                    with contextlib.suppress(OSError):
+                        (cgroup / "memory.swap.max").write_text("0")
+            except OSError as exc:
+                logger.debug("cgroup v2 %s not set: %s", file, exc)
+                continue
+            self.how[name] = "cgroup"
+
+    def _write_v1(self, sandbox_id: str, wanted: dict[str, int | float]) -> None:
+        plan = {
+            "memory": ("memory", [("memory.limit_in_bytes", str(int(wanted.get("memory", 0))))]),
+            "pids": ("pids", [("pids.max", str(int(wanted.get("pids", 0))))]),
+            "cpu": (
+                "cpu",
+                [
+                    ("cpu.cfs_period_us", str(_PERIOD_US)),
+                    ("cpu.cfs_quota_us", str(max(1000, int(wanted.get("cpu", 0) * _PERIOD_US)))),
+                ],
+            ),
+        }
+        for name, (controller, writes) in plan.items():
+            if name not in wanted or name in self.how:
+                continue
+            directory = _v1_dir(controller, sandbox_id)
+            if directory is None:
+                continue
+            try:
+                directory.mkdir(parents=True, exist_ok=True)
+                for file, value in writes:
+                    (directory / file).write_text(value)
+                if name == "memory":
+                    with contextlib.suppress(OSError):
+                        (directory / "memory.memsw.limit_in_bytes").write_text(writes[0][1])
+            except OSError as exc:
+                logger.debug("cgroup v1 %s not set: %s", controller, exc)
+                with contextlib.suppress(OSError):
+                    directory.rmdir()
+                continue
+            self._v1[name] = directory
+            self.how[name] = "cgroup-v1"
+
+    def _rlimit(self, name: str, resource: str, value: int) -> None:
+        self._rlimits[resource] = value
+        self.how[name] = "rlimit"
+
+    # -- per launch ------------------------------------------------------------------
+
+    def launch_prefix(self) -> list[str]:
+        """The argv to put before a launch (after the freezer's): joins the v1 cgroups,
+        then applies the rlimits (``prlimit``, util-linux)."""
+        argv: list[str] = []
+        if self._v1:
+            argv += ["/bin/sh", "-c", _JOIN, "sh"]
+            argv += [str(d / "cgroup.procs") for d in self._v1.values()] + ["--"]
+        if self._rlimits:
+            prlimit = shutil.which("prlimit") or "prlimit"
+            argv += [prlimit, *(f"--{r}={v}:{v}" for r, v in self._rlimits.items()), "--"]
+        return argv
+
+    def oom_kills(self) -> int:
+        """How many processes the kernel's OOM killer has ended in this sandbox so far."""
+        total = 0
+        if self._v2 is not None and self.how.get("memory") == "cgroup":
+            total += _counter(self._v2 / "memory.events", "oom_kill")
+        memory = self._v1.get("memory")
+        if memory is not None:
+            total += _counter(memory / "memory.oom_control", "oom_kill")
+        return total
+
+    def new_oom_kill(self) -> bool:
+        """True once for each batch of OOM kills since the last call (process exits ask)."""
+        now = self.oom_kills()
+        seen, self._oom_seen = self._oom_seen, now
+        return now > seen
+
+    def enforced(self) -> dict[str, str]:
+        """How each limit that was asked for holds: cgroup, cgroup-v1, rlimit or none."""
+        return dict(self.how)
+
+    def close(self) -> None:
+        """Remove the v1 cgroups (the sandbox's processes are gone by now)."""
+        for directory in self._v1.values():
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+                with contextlib.suppress(OSError):
+                    directory.parent.rmdir()  # the daemon's, once its last sandbox goes
+        self._v1.clear()
+
+
+def _enable_v2(parent: Path, controller: str) -> bool:
+    """Whether ``controller`` is (or could be made) available to ``parent``'s children."""
+    control = parent / "cgroup.subtree_control"
+    try:
+        if controller in control.read_text().split():
+            return True
+        if controller not in (parent / "cgroup.controllers").read_text().split():
+            return False
+        control.write_text(f"+{controller}")
+        return True
+    except OSError:
+        return False
+
+
+def _v1_dir(controller: str, sandbox_id: str) -> Path | None:
+    """``<v1 root>/<controller>/<the daemon's own v1 cgroup>/sandboxkit-<pid>/sb-<id>``,
+    if that hierarchy is mounted and writable."""
+    mount = _V1_ROOT / controller
+    if not (mount / "cgroup.procs").exists() or not os.access(mount, os.W_OK):
+        return None
+    own = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if controller in controllers.split(","):
+                own = path.lstrip("/")
+    safe = re.sub(r"[^A-Za-z0-9_-]", "_", sandbox_id)[:100]
+    return mount / own / f"sandboxkit-{os.getpid()}" / f"sb-{safe}"
+
+
+def _counter(path: Path, key: str) -> int:
+    try:
+        for line in path.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key:
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
