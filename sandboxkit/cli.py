@@ -36,6 +36,7 @@ _CONFIG_OPTIONS = (
     "stall_timeout",
     "keepalive_interval",
     "freezer",
+    "isolation",
 )
 """The :class:`DaemonConfig` fields ``serve`` sets from the options of the same name; each
 option's default is the field's."""
@@ -113,12 +114,18 @@ def _cmd_status(args: argparse.Namespace) -> int:
     sandboxes = _get(state, "/sandboxes")
     uptime = time.time() - state.started_at
     print(f"daemon {state.url} pid {state.pid} version {state.version} up {uptime:.0f}s")
+    isolation = _get(state, "/health").get("isolation") or {}
+    if isolation.get("available"):
+        print(f"  isolation: namespaces available (default {isolation.get('default')})")
+    elif isolation:
+        print(f"  isolation: NONE — sandboxes are not isolated: {isolation.get('reason')}")
     live = [s for s in sandboxes if s["state"] != "killed"]
     for s in live:
         timeout = "never" if s.get("timeout") is None else f"{s['timeout']:g}s"
         print(
             f"  {s['sandbox_id']}  {s['state']:8}  processes={s['processes']}  "
-            f"timeout={timeout} then {s.get('on_timeout', 'kill')}"
+            f"timeout={timeout} then {s.get('on_timeout', 'kill')}  "
+            f"isolation={s.get('isolation', 'none')}"
         )
     if not live:
         print("  no live sandboxes")
@@ -392,6 +399,14 @@ def _parser() -> argparse.ArgumentParser:
         default=config.freezer,
         help="how pause freezes a process tree: cgroup freezer, SIGSTOP/SIGCONT, or the "
         "best available",
+    )
+    serve.add_argument(
+        "--isolation",
+        choices=["auto", "namespaces", "none"],
+        default=config.isolation,
+        help="what a sandbox created without isolation= gets: its own namespaces where the "
+        "kernel allows (auto), always (namespaces: creates fail where they cannot), or none "
+        "(docs/isolation.md)",
     )
     serve.set_defaults(func=_cmd_serve)
 

@@ -24,3 +24,6 @@ class CommandResult:
     bytes_lost: int = 0
     """Output bytes missing from ``stdout``/``stderr`` (lost to gaps or beyond
     ``keep_output``)."""
+    reason: str | None = None
+    """Why it ended: ``exit``, or what ended it — ``oom`` (the sandbox's memory limit),
+    ``timeout``, ``user``, ``restart``, ``sandbox_…``; ``None`` when not known."""

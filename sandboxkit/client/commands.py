@@ -26,6 +26,12 @@ _STDERR_LINES = 5
 """How many of the last stderr lines a CommandExitError's message quotes."""
 
 
+_REASONS = {
+    "oom": " (out of memory: the sandbox's memory limit)",
+    "timeout": " (its timeout= ran out)",
+}
+
+
 def exit_error(result: CommandResult) -> CommandExitError:
     """The error for a command that did not exit 0: its exit code (or the signal that
     killed it) and the last lines of its stderr, so the reason is in the message."""
@@ -42,6 +48,8 @@ def exit_error(result: CommandResult) -> CommandExitError:
         what = f"failed with exit code {code}"
     tail = [line[:300] for line in result.stderr.rstrip("\n").splitlines()[-_STDERR_LINES:]]
     message = f"process {result.pid} {what}"
+    if result.reason not in (None, "exit"):
+        message += f", reason {result.reason}" + _REASONS.get(str(result.reason), "")
     if result.bytes_lost:
         message += f" ({result.bytes_lost} bytes of its output were lost)"
     if tail:
@@ -153,7 +161,14 @@ class AsyncCommandHandle:
     def result(self) -> CommandResult:
         """What was received so far, as a :class:`CommandResult`."""
         lost = self.stream.stats.bytes_lost + self.stream.bytes_dropped
-        return CommandResult(self.stdout, self.stderr, self.exit_code, self.pid, bytes_lost=lost)
+        return CommandResult(
+            self.stdout,
+            self.stderr,
+            self.exit_code,
+            self.pid,
+            bytes_lost=lost,
+            reason=self.stream.end_reason,
+        )
 
     async def wait(self) -> CommandResult:
         """Wait for the process to exit and return its result. Raises CommandExitError

@@ -70,6 +70,8 @@ class EndMeta(msgspec.Struct):
 
     exit_code: ExitCode | None = None
     cursor: Seq | None = None
+    reason: str | None = None
+    """Why it ended: ``exit``, or what ended it (``oom``, ``timeout``, ``user`` …)."""
 
 
 class ErrorMeta(msgspec.Struct):

@@ -198,6 +198,8 @@ class ProcessStream:
         self._partial = {"stdout": "", "stderr": ""}
         self.stats = StreamStats()
         self.exit_code: int | None = None
+        self.end_reason: str | None = None
+        """Why the process ended, from its ``end`` frame (``exit``, ``oom`` …)."""
         self.ended = False
         self.process_state: str | None = None
         self.sandbox_state: str | None = None
@@ -401,6 +403,7 @@ class ProcessStream:
             await self._gap(GapInfo(meta.cursor, meta.first_available, meta.bytes_lost))
         elif kind is FrameKind.END:
             self.exit_code = meta.exit_code
+            self.end_reason = meta.reason
             if meta.cursor is not None:
                 self._seq = meta.cursor
             elif self._seq is None:

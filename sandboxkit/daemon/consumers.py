@@ -113,6 +113,8 @@ class StreamSource(Protocol):
     sandbox_id: str
     log: OutputLog
     fanout: Fanout
+    kill_reason: str | None
+    """What ended the process, if not itself (``oom``, ``timeout``, ``user`` …)."""
 
     def states(self) -> dict[str, Any]:
         """``{"process_state": ..., "sandbox_state": ...}`` for keepalive frames."""
@@ -360,6 +362,7 @@ class Consumer:
                         FrameKind.END,
                         {
                             "exit_code": log.exit_code,
+                            "reason": self.source.kill_reason or "exit",
                             "cursor": self.cursor,
                             "ended_at": log.ended_at,
                         },

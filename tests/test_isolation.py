@@ -1,0 +1,287 @@
+"""Isolated sandboxes (docs/isolation.md): what their processes see, what is refused, and
+that everything sandboxkit does still works inside — pause/resume, kill-restart, pty,
+stdin, the files API, reattach — plus limits and the honest fallback.
+
+The escape attempts, each from inside a sandbox against a real daemon, are
+tests/test_isolation_escape.py."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterator
+
+import pytest
+from conftest import fast_config, wait_until
+
+from sandboxkit import (
+    CommandExitError,
+    InvalidArgument,
+    IsolationUnavailable,
+    IsolationWarning,
+    Sandbox,
+)
+from sandboxkit.daemon import isolation
+from sandboxkit.daemon.config import DaemonConfig
+from sandboxkit.daemon.host import Host
+from sandboxkit.daemon.process import ProcessSpec
+from sandboxkit.daemon.server import DaemonServer
+
+AVAILABLE = isolation.probe()
+
+needs_namespaces = pytest.mark.skipif(
+    not AVAILABLE.available and not os.environ.get("CI"),
+    reason=f"no namespaces here: {AVAILABLE.reason}",
+)
+"""CI installs bubblewrap (scripts/install-system.sh): there a missing one fails."""
+
+pytestmark = needs_namespaces
+
+
+@pytest.fixture
+def daemon_config() -> DaemonConfig:
+    # The shipped default, not the suite's "none" (tests/conftest.py).
+    return fast_config(isolation="auto")
+
+
+@pytest.fixture
+def sbx(conn: dict[str, str]) -> Iterator[Sandbox]:
+    with Sandbox.create(**conn) as sandbox:
+        yield sandbox
+
+
+def test_the_default_is_namespaces_with_e2bs_view(sbx: Sandbox) -> None:
+    info = sbx.get_info()
+    assert info.isolation == "namespaces", info.isolation_reason
+    out = sbx.commands.run(
+        "id -un; pwd; echo $HOME; ls -A /home; hostname; echo $$; touch /usr/x 2>&1 || true"
+    ).stdout.splitlines()
+    assert out[:4] == ["user", "/home/user", "/home/user", "user"]
+    assert out[4] == sbx.sandbox_id
+    assert int(out[5]) < 10, "a PID namespace of its own: its shell is one of the first pids"
+    assert "Read-only file system" in out[6]
+
+
+def test_home_is_the_sandboxs_directory_and_tmp_is_its_own(conn: dict[str, str]) -> None:
+    with Sandbox.create(**conn) as a, Sandbox.create(**conn) as b:
+        a.commands.run("echo from-a > /home/user/mine.txt; echo tmp-a > /tmp/t")
+        assert a.files.read("mine.txt") == "from-a\n"
+        assert a.files.read("/home/user/mine.txt") == "from-a\n"
+        assert a.commands.run("cat /tmp/t").stdout == "tmp-a\n", "/tmp is shared within one"
+        b.files.write("/home/user/theirs.txt", "b")
+        seen = b.commands.run("ls -A /home/user /tmp").stdout
+        assert "mine.txt" not in seen and "tmp-a" not in seen and "theirs.txt" in seen
+
+
+async def test_root_inside_is_root_of_the_namespace_only(host: Host) -> None:
+    sandbox = await host.create_sandbox(isolation="namespaces")
+    process = await sandbox.start_process(
+        ProcessSpec(cmd="id -u; touch /etc/x 2>&1 || true; ls -d /root", user="root")
+    )
+    assert await process.wait(10) == 0
+    _, chunks = process.log.read(0, 1 << 20)
+    uid, refused, home = b"".join(bytes(c.data) for c in chunks).decode().splitlines()
+    assert uid == "0"
+    assert "Read-only file system" in refused or "Permission denied" in refused
+    assert home == "/root"
+    with pytest.raises(InvalidArgument) as err:
+        await sandbox.start_process(ProcessSpec(cmd="true", user="nobody-such"))
+    assert err.value.field == "user"
+
+
+def test_cwd_is_a_path_inside_and_a_missing_one_is_refused(sbx: Sandbox) -> None:
+    sbx.commands.run("mkdir -p /home/user/sub /tmp/scratch")
+    assert sbx.commands.run("pwd", cwd="sub").stdout == "/home/user/sub\n"
+    assert sbx.commands.run("pwd", cwd="/tmp/scratch").stdout == "/tmp/scratch\n"
+    assert sbx.commands.run("pwd", cwd="/usr").stdout == "/usr\n"
+    with pytest.raises(InvalidArgument, match="relative to /home/user") as err:
+        sbx.commands.run("pwd", cwd="nope")
+    assert err.value.field == "cwd"
+    with pytest.raises(InvalidArgument, match="not visible"):
+        sbx.commands.run("pwd", cwd="/root")
+
+
+def test_pause_resume_kill_restart_pty_and_stdin_work_inside(sbx: Sandbox) -> None:
+    ticks: list[str] = []
+    h = sbx.commands.run(
+        "i=0; while :; do echo $i; i=$((i+1)); sleep 0.01; done",
+        background=True,
+        on_stdout=ticks.append,
+    )
+    wait_until(lambda: len(ticks) >= 3, what="ticks")
+    sbx.pause()
+    frozen = len(ticks)
+    # Nothing new while paused: poll a little past a tick's interval several times.
+    for _ in range(5):
+        wait_until(lambda: True)
+        assert sbx.commands.list()[0].state == "paused"
+    assert len(ticks) <= frozen + 1
+    sbx.resume()
+    wait_until(lambda: len(ticks) >= frozen + 5, what="ticks after resume")
+    new = sbx.commands.restart(h.pid)
+    assert new.pid != h.pid
+    assert sbx.commands.kill(new.pid)
+
+    cat = sbx.commands.run("cat", background=True)
+    sbx.commands.send_stdin(cat.pid, "hello\n")
+    wait_until(lambda: cat.stdout == "hello\n", what="stdin echoed")
+    sbx.commands.close_stdin(cat.pid)
+    assert cat.wait().exit_code == 0
+
+    tty = sbx.commands.run("test -t 0 && test -t 1 && echo a-terminal", pty=True, background=True)
+    tty.wait()
+    assert "a-terminal" in tty.stdout
+
+
+def test_reattach_by_pid_replays_and_pids_are_unique(sbx: Sandbox) -> None:
+    pids = set()
+    for _ in range(3):
+        h = sbx.commands.run("echo one; echo two", background=True)
+        h.wait()
+        pids.add(h.pid)
+        again = sbx.commands.connect(h.pid, cursor=0)
+        assert again.wait().stdout == "one\ntwo\n"
+    assert len(pids) == 3
+
+
+def test_a_signal_from_inside_is_reported_as_minus_the_signal(sbx: Sandbox) -> None:
+    with pytest.raises(CommandExitError) as err:
+        sbx.commands.run("kill -9 $$")
+    assert err.value.exit_code == -9
+
+
+def test_no_internet_leaves_loopback_only(conn: dict[str, str], daemon: DaemonServer) -> None:
+    port = int(daemon.url.rsplit(":", 1)[1])
+    probe = (
+        "import socket,sys\n"
+        "s = socket.socket(); s.settimeout(2)\n"
+        f"print(s.connect_ex(('127.0.0.1', {port})))\n"
+    )
+    with Sandbox.create(allow_internet_access=False, **conn) as off:
+        assert off.get_info().allow_internet_access is False
+        assert off.commands.run(f'python3 -c "{probe}"').stdout.strip() != "0"
+        assert "lo" in off.commands.run("ls /sys/class/net").stdout.split()
+    with Sandbox.create(**conn) as on:
+        assert on.commands.run(f'python3 -c "{probe}"').stdout.strip() == "0"
+
+
+def test_memory_limit_ends_in_a_visible_oom_while_a_neighbour_streams(
+    conn: dict[str, str],
+) -> None:
+    with (
+        Sandbox.create(limits={"memory": "64M"}, **conn) as small,
+        Sandbox.create(**conn) as neighbour,
+    ):
+        enforced = small.get_info().limits_enforced
+        assert enforced["memory"] in ("cgroup", "cgroup-v1", "rlimit")
+        lines: list[str] = []
+        live = neighbour.commands.run(
+            "for i in $(seq 1 400); do echo $i; sleep 0.005; done",
+            background=True,
+            on_stdout=lines.append,
+        )
+        with pytest.raises(CommandExitError) as err:
+            small.commands.run("python3 -c 'b = bytearray(512 * 1024 * 1024)'")
+        if enforced["memory"] == "rlimit":
+            # No cgroup to delegate: the allocation fails instead of an OOM kill.
+            assert "MemoryError" in err.value.result.stderr
+        else:
+            assert err.value.exit_code == -9
+            assert "oom" in str(err.value)
+            events = small.events()
+            exits = events[events.kind == "process.exited"]
+            assert list(exits.reason) == ["oom"]
+        assert live.wait().exit_code == 0
+        assert lines == [str(i) for i in range(1, 401)]
+
+
+def test_pids_and_open_files_limits_hold(conn: dict[str, str]) -> None:
+    with Sandbox.create(limits={"pids": 32, "open_files": 64}, **conn) as sbx:
+        assert set(sbx.get_info().limits_enforced) == {"pids", "open_files"}
+        assert sbx.commands.run("ulimit -n").stdout.strip() == "64"
+        out = sbx.commands.run(
+            "for i in $(seq 1 100); do sleep 5 & done 2>&1 | grep -c 'fork' || true; "
+            "kill $(jobs -p) 2>/dev/null; true",
+            timeout=20,
+        ).stdout
+        assert int(out.strip().splitlines()[-1]) > 0, out
+
+
+def test_bad_limits_are_refused_before_anything_is_made(conn: dict[str, str]) -> None:
+    before = len(Sandbox.list(**conn))
+    for bad in ({"memory": "lots"}, {"pids": 0}, {"nice": 1}, {"memory": 10}):
+        with pytest.raises(InvalidArgument) as err:
+            Sandbox.create(limits=bad, **conn)  # type: ignore[arg-type]
+        assert err.value.field == "limits"
+    assert len(Sandbox.list(**conn)) == before
+
+
+def test_auto_falls_back_to_none_and_says_so(
+    conn: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    missing = isolation.Probe(False, "user namespaces are disabled (test)")
+    monkeypatch.setattr(isolation, "probe", lambda: missing)
+    monkeypatch.setattr("sandboxkit.daemon.host.probe", lambda: missing)
+    monkeypatch.setattr("sandboxkit.client.sandbox._warned_unisolated", False)
+    with pytest.raises(IsolationUnavailable) as err:
+        Sandbox.create(isolation="namespaces", **conn)
+    assert "disabled (test)" in str(err.value.missing)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with Sandbox.create(**conn) as first, Sandbox.create(**conn) as second:
+            assert first.get_info().isolation == second.get_info().isolation == "none"
+            assert "disabled (test)" in first.get_info().isolation_reason
+    said = [w for w in caught if issubclass(w.category, IsolationWarning)]
+    assert len(said) == 1, "said once per process"
+    assert "disabled (test)" in str(said[0].message)
+
+
+def test_status_says_whether_namespaces_are_available(
+    conn: dict[str, str], daemon: DaemonServer
+) -> None:
+    import httpx
+
+    health = httpx.get(
+        daemon.url + "/health", headers={"Authorization": f"Bearer {daemon.token}"}
+    ).json()
+    assert health["isolation"] == {"available": True, "reason": "", "default": "auto"}
+
+
+@pytest.fixture
+def e2b_opts() -> Iterator[dict[str, str]]:
+    """A daemon with the envd endpoint and the shipped default: the plain e2b SDK's way in."""
+    server = DaemonServer(fast_config(isolation="auto"), envd_port=0).start()
+    try:
+        assert server.envd is not None
+        yield {
+            "api_key": server.token or "",
+            "api_url": server.envd.api_url,
+            "sandbox_url": server.envd.sandbox_url,
+        }
+    finally:
+        server.stop()
+
+
+def test_the_e2b_sdk_writes_and_reads_home_user_unchanged(
+    e2b_opts: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    e2b = pytest.importorskip("e2b")
+    for name in ("E2B_API_KEY", "E2B_DEBUG", "E2B_API_URL", "E2B_SANDBOX_URL", "E2B_DOMAIN"):
+        monkeypatch.delenv(name, raising=False)
+    sbx = e2b.Sandbox.create(timeout=60, **e2b_opts)
+    try:
+        sbx.files.write("/home/user/x.txt", "hello from e2b\n")
+        assert sbx.commands.run("pwd; whoami; cat /home/user/x.txt").stdout == (
+            "/home/user\nuser\nhello from e2b\n"
+        )
+        sbx.commands.run("echo made-inside > /home/user/y.txt")
+        assert sbx.files.read("/home/user/y.txt") == "made-inside\n"
+        assert sbx.files.read("y.txt") == "made-inside\n"  # relative to /home/user
+        assert sbx.commands.run("id -u", user="root").stdout == "0\n"
+    finally:
+        sbx.kill()
+    offline = e2b.Sandbox.create(timeout=60, allow_internet_access=False, **e2b_opts)
+    try:
+        assert offline.commands.run("ls /sys/class/net").stdout.split() == ["lo"]
+    finally:
+        offline.kill()
