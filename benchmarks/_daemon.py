@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -21,8 +22,15 @@ def local_daemon(
     """Run ``sandboxkit serve`` with ``serve_args``; yield its process and state; stop it.
 
     ``cwd``: run the ``sandboxkit`` package found there (another checkout, to compare);
-    ``env``: the daemon's environment (default: this process's)."""
+    ``env``: the daemon's environment (default: this process's).
+
+    Its sandboxes default to ``isolation="none"`` (``SANDBOXKIT_ISOLATION``, which an
+    older checkout ignores): the workloads run this interpreter by its host path, which
+    a root daemon's namespaced sandbox cannot reach. Isolation's cost is measured by
+    name, in ``benchmarks/isolation.py``."""
     state_path = Path(tempfile.mkdtemp()) / "daemon.json"
+    env = {**(os.environ if env is None else env)}
+    env.setdefault("SANDBOXKIT_ISOLATION", "none")
     process = subprocess.Popen(
         [sys.executable, "-m", "sandboxkit", "serve", "--state-file", str(state_path), *serve_args],
         stdout=subprocess.DEVNULL,

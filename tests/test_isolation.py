@@ -8,11 +8,16 @@ tests/test_isolation_escape.py."""
 from __future__ import annotations
 
 import os
+import secrets
+import signal
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 
+import psutil
 import pytest
 from conftest import fast_config, wait_until
+from freezer_support import alive, served
 
 from sandboxkit import (
     CommandExitError,
@@ -285,3 +290,40 @@ def test_the_e2b_sdk_writes_and_reads_home_user_unchanged(
         assert offline.commands.run("ls /sys/class/net").stdout.split() == ["lo"]
     finally:
         offline.kill()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_a_successor_reclaims_what_a_sigkilled_daemons_isolated_sandboxes_left(
+    tmp_path: Path,
+) -> None:
+    marker = f"{secrets.randbelow(10**6) + 10**6}"
+    with served(tmp_path, "--isolation", "namespaces") as dead:
+        with Sandbox.create(url=dead.url, token=dead.token) as sbx:
+            sbx.commands.run(f"exec sleep {marker}1", background=True)
+            sbx.commands.run(
+                f"(setsid sleep {marker}2 >/dev/null 2>&1 &); exec sleep {marker}3", background=True
+            )
+            wait_until(lambda: len(_sleeping(marker)) == 3, what="three sleeps inside")
+            survivors = _sleeping(marker)
+            dead.proc.send_signal(signal.SIGKILL)
+            dead.proc.wait(10)
+            sbx.close()
+    assert all(alive(pid) for pid in survivors), "they outlive their daemon until a successor"
+    with DaemonServer(fast_config()):
+        wait_until(
+            lambda: not any(alive(pid) for pid in survivors),
+            timeout=10,
+            what="the successor to end the dead daemon's isolated processes",
+        )
+
+
+def _sleeping(marker: str) -> list[int]:
+    """The sleeps themselves (not the bwrap processes whose argv names them too)."""
+    return [
+        p.pid
+        for p in psutil.process_iter(["cmdline"])
+        if (p.info.get("cmdline") or [""])[0] == "sleep"
+        and any(marker in arg for arg in p.info["cmdline"])
+        and alive(p.pid)
+    ]

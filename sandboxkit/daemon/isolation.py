@@ -227,8 +227,12 @@ class NamespacePlan:
         argv += ["--uid", str(uid), "--gid", str(uid), "--hostname", self.hostname]
         argv += ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
         covered = (*_HIDDEN, *self.hide)
-        for hidden in _existing_dirs(covered):
-            argv += ["--tmpfs", hidden]
+        hidden = _existing_dirs(covered)
+        for place in hidden:
+            # Each mount costs bwrap time: none below /tmp (replaced whole) or below
+            # another hidden place.
+            if not _under(place, (TMP, *(h for h in hidden if h != place))):
+                argv += ["--tmpfs", place]
         argv += ["--bind", str(self.home), HOME, "--bind", str(self.tmp), TMP]
         # The daemon's interpreter stays usable inside (it may live in a hidden home, or
         # in a venv under the host's /tmp).

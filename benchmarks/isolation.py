@@ -1,0 +1,127 @@
+"""What isolation costs: the same daemon, sandboxes with and without namespaces, in one
+run, in interleaved rounds (a slow spell on a noisy machine lands on both alike).
+
+- create + first command (``run(["true"])``), p50 per round;
+- pause + resume of a sandbox running 4 processes, p50 per round;
+- fan-out: one process writing ``--mb`` MiB (``head -c``, no interpreter path needed),
+  read by 4 SDK consumers at once; seconds per round.
+
+Printed as ratios namespaces / none with the absolute figures; the targets
+(docs/isolation.md): create + first command ≤ +5 ms, pause + resume and fan-out not
+measurably different (ratio ≈ 1).
+
+    python3 benchmarks/isolation.py [--rounds 5] [--tries 20] [--mb 64] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from typing import Any
+
+from _daemon import local_daemon
+
+from sandboxkit import AsyncSandbox
+from sandboxkit.daemon.isolation import probe
+
+MODES = ("none", "namespaces")
+
+
+async def create_first(info: Any, mode: str, tries: int) -> float:
+    times = []
+    for _ in range(tries):
+        start = time.perf_counter()
+        sbx = await AsyncSandbox.create(url=info.url, token=info.token, isolation=mode)  # type: ignore[arg-type]
+        await sbx.commands.run(["true"])
+        times.append(time.perf_counter() - start)
+        await sbx.kill()
+    return statistics.median(times)
+
+
+async def pause_resume(info: Any, mode: str, tries: int) -> float:
+    times = []
+    async with await AsyncSandbox.create(url=info.url, token=info.token, isolation=mode) as sbx:  # type: ignore[arg-type]
+        for _ in range(4):
+            await sbx.commands.start(["sleep", "600"])
+        for _ in range(tries):
+            start = time.perf_counter()
+            await sbx.pause()
+            await sbx.resume()
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+async def fanout(info: Any, mode: str, mb: int) -> float:
+    async with await AsyncSandbox.create(url=info.url, token=info.token, isolation=mode) as sbx:  # type: ignore[arg-type]
+        start = time.perf_counter()
+        writer = await sbx.commands.start(["sh", "-c", f"read go; head -c {mb << 20} /dev/zero"])
+        got = [0] * 4
+
+        def counter(i: int) -> Any:
+            def count(data: bytes) -> None:
+                got[i] += len(data)
+
+            return count
+
+        handles = [
+            await sbx.commands.connect(
+                writer.pid, cursor=0, on_stdout_bytes=counter(i), keep_output=0
+            )
+            for i in range(4)
+        ]
+        await sbx.commands.send_stdin(writer.pid, "\n")
+        await asyncio.gather(*(h.wait() for h in handles))
+        elapsed = time.perf_counter() - start
+        assert got == [mb << 20] * 4, f"lost bytes: {got}"
+        return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--tries", type=int, default=20)
+    parser.add_argument("--mb", type=int, default=64)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if not probe().available:
+        raise SystemExit(f"no namespaces here: {probe().reason}")
+    figures: dict[str, dict[str, list[float]]] = {
+        name: {m: [] for m in MODES} for name in ("create_first_ms", "pause_resume_ms", "fanout_s")
+    }
+    retention = str((args.mb + 8) << 20)
+    with local_daemon("--retention-bytes", retention) as (_, info):
+        for r in range(args.rounds + 1):  # round 0 warms up
+            order = MODES if r % 2 else MODES[::-1]
+            for mode in order:
+                cf = asyncio.run(create_first(info, mode, args.tries)) * 1e3
+                pr = asyncio.run(pause_resume(info, mode, args.tries)) * 1e3
+                fo = asyncio.run(fanout(info, mode, args.mb))
+                if r:
+                    figures["create_first_ms"][mode].append(cf)
+                    figures["pause_resume_ms"][mode].append(pr)
+                    figures["fanout_s"][mode].append(fo)
+    summary = {
+        name: {
+            "none": statistics.median(by["none"]),
+            "namespaces": statistics.median(by["namespaces"]),
+            "ratio": statistics.median(by["namespaces"]) / statistics.median(by["none"]),
+            "added": statistics.median(by["namespaces"]) - statistics.median(by["none"]),
+        }
+        for name, by in figures.items()
+    }
+    if args.json:
+        print(json.dumps(summary))
+        return
+    print(f"{'figure':28} {'none':>10} {'namespaces':>11} {'ratio':>7} {'added':>9}")
+    for name, s in summary.items():
+        print(
+            f"{name:28} {s['none']:10.3f} {s['namespaces']:11.3f} {s['ratio']:7.2f}"
+            f" {s['added']:+9.3f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
