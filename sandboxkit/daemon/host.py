@@ -103,8 +103,10 @@ class Host:
         sandbox_id = "sbx-" + secrets.token_hex(4)
         workdir = self.root / sandbox_id
         workdir.mkdir()
+        tmpdir = workdir.with_name(workdir.name + ".tmp")  # ManagedSandbox.tmpdir
         tree: Freezer | None = None
         try:
+            tmpdir.mkdir(mode=0o700)
             tree = make_freezer(sandbox_id, self.config.freezer)
             sandbox = ManagedSandbox(
                 sandbox_id,
@@ -124,6 +126,7 @@ class Host:
             if tree is not None:
                 tree.close()
             shutil.rmtree(workdir, ignore_errors=True)
+            shutil.rmtree(tmpdir, ignore_errors=True)
             raise
         self.sandboxes[sandbox_id] = sandbox
         self.journal.record(

@@ -75,6 +75,10 @@ class ManagedSandbox:
         self.runtime_dir = workdir.with_name(workdir.name + ".run")
         """The daemon's files for this sandbox, beside (not in) its working directory:
         its processes' output logs. Removed by :meth:`release`."""
+        self.tmpdir = workdir.with_name(workdir.name + ".tmp")
+        """The sandbox's private temporary directory, what its processes and the files
+        APIs see as ``/tmp`` (:mod:`~sandboxkit.daemon.sandbox_paths`): made with the
+        sandbox (mode 0700) by the host, removed with the working directory."""
         self._logs = 0
         self._lock = asyncio.Lock()
 
@@ -235,8 +239,9 @@ class ManagedSandbox:
                 # Results stay readable (from disk) until released; memory goes now.
                 process.log.drop_cache()
             self.tree.close()
-            with contextlib.suppress(OSError):
-                shutil.rmtree(self.workdir)
+            for directory in (self.workdir, self.tmpdir):
+                with contextlib.suppress(OSError):
+                    shutil.rmtree(directory)
             self.state = "killed"
             self.killed_at = time.time()
             self.journal.record("sandbox.killed", sandbox_id=self.sandbox_id, reason=reason)
