@@ -330,16 +330,22 @@ class FileNotFound(NotFound):
 
 
 class InvalidArgument(SandboxkitError):
-    """A well-formed request with a value the daemon cannot accept."""
+    """A well-formed request with a value the daemon cannot accept: ``field`` names it;
+    for a file, ``path`` is the file and ``reason`` why (an errno name such as
+    ``ENAMETOOLONG`` or ``ELOOP``, or ``outside``, ``not_regular``, ``deadline``)."""
 
     code = "invalid_argument"
     status = 422
-    fields = ("field",)
+    fields = ("field", "path", "reason")
     field: str | None
+    path: str | None
+    reason: str | None
 
 
 class PayloadTooLarge(SandboxkitError):
-    """The request body is larger than the daemon's limit (``DaemonConfig.max_body``)."""
+    """The request body is larger than the daemon's limit (``DaemonConfig.max_body``), or
+    a file to be read whole is larger than the files API's (``MAX_READ``, in
+    ``docs/protocol.md``)."""
 
     code = "payload_too_large"
     status = 413

@@ -165,7 +165,7 @@ def test_no_internet_leaves_loopback_only(conn: dict[str, str], daemon: DaemonSe
     with Sandbox.create(allow_internet_access=False, **conn) as off:
         assert off.get_info().allow_internet_access is False
         assert off.commands.run(f'python3 -c "{probe}"').stdout.strip() != "0"
-        assert "lo" in off.commands.run("ls /sys/class/net").stdout.split()
+        assert _interfaces(off.commands.run("cat /proc/net/dev").stdout) == ["lo"]
     with Sandbox.create(**conn) as on:
         assert on.commands.run(f'python3 -c "{probe}"').stdout.strip() == "0"
 
@@ -287,7 +287,7 @@ def test_the_e2b_sdk_writes_and_reads_home_user_unchanged(
         sbx.kill()
     offline = e2b.Sandbox.create(timeout=60, allow_internet_access=False, **e2b_opts)
     try:
-        assert offline.commands.run("ls /sys/class/net").stdout.split() == ["lo"]
+        assert _interfaces(offline.commands.run("cat /proc/net/dev").stdout) == ["lo"]
     finally:
         offline.kill()
 
@@ -298,17 +298,19 @@ def test_a_successor_reclaims_what_a_sigkilled_daemons_isolated_sandboxes_left(
     tmp_path: Path,
 ) -> None:
     marker = f"{secrets.randbelow(10**6) + 10**6}"
-    with served(tmp_path, "--isolation", "namespaces") as dead:
-        with Sandbox.create(url=dead.url, token=dead.token) as sbx:
-            sbx.commands.run(f"exec sleep {marker}1", background=True)
-            sbx.commands.run(
-                f"(setsid sleep {marker}2 >/dev/null 2>&1 &); exec sleep {marker}3", background=True
-            )
-            wait_until(lambda: len(_sleeping(marker)) == 3, what="three sleeps inside")
-            survivors = _sleeping(marker)
-            dead.proc.send_signal(signal.SIGKILL)
-            dead.proc.wait(10)
-            sbx.close()
+    with (
+        served(tmp_path, "--isolation", "namespaces") as dead,
+        Sandbox.create(url=dead.url, token=dead.token) as sbx,
+    ):
+        sbx.commands.run(f"exec sleep {marker}1", background=True)
+        sbx.commands.run(
+            f"(setsid sleep {marker}2 >/dev/null 2>&1 &); exec sleep {marker}3", background=True
+        )
+        wait_until(lambda: len(_sleeping(marker)) == 3, what="three sleeps inside")
+        survivors = _sleeping(marker)
+        dead.proc.send_signal(signal.SIGKILL)
+        dead.proc.wait(10)
+        sbx.close()
     assert all(alive(pid) for pid in survivors), "they outlive their daemon until a successor"
     with DaemonServer(fast_config()):
         wait_until(
@@ -327,3 +329,8 @@ def _sleeping(marker: str) -> list[int]:
         and any(marker in arg for arg in p.info["cmdline"])
         and alive(p.pid)
     ]
+
+
+def _interfaces(proc_net_dev: str) -> list[str]:
+    """The network interfaces ``/proc/net/dev`` lists (its namespace's, unlike /sys)."""
+    return [line.split(":")[0].strip() for line in proc_net_dev.splitlines()[2:]]

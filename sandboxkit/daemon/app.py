@@ -616,6 +616,7 @@ class _Api:
                 body=WriteFile,
                 response=FileEntry,
                 status=201,
+                errors=(FileNotFound,),
             ),
             ep(
                 "GET",
@@ -624,7 +625,7 @@ class _Api:
                 self.files.read,
                 query=FileQuery,
                 response=FileContent,
-                errors=(FileNotFound,),
+                errors=(FileNotFound, PayloadTooLarge),
             ),
             ep(
                 "GET",

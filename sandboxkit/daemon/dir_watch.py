@@ -7,7 +7,10 @@ readable (``add_reader``), so a watcher costs no thread and no polling. Events a
 (after Go's fsnotify, which envd uses): a name relative to the watched directory and one of
 ``create`` (also a move into it), ``write``, ``remove``, ``rename`` (a move out of it or of
 the watched entry itself) and ``chmod``. A recursive watcher also watches directories
-created below it from then on. Pending events are bounded (:data:`MAX_PENDING`); past it,
+created below it from then on; a new directory is scanned once its watch is in place, so
+what a process made in it before that (``mkdir d && touch d/f``) is reported too, once
+(at most :data:`MAX_SCAN` entries per new directory). A recursive watch covers at most
+:data:`MAX_WATCHED_DIRS` directories. Pending events are bounded (:data:`MAX_PENDING`); past it,
 or when the kernel's own queue overflowed, the watcher is *broken*: it says so rather
 than deliver a history with holes in it.
 """
@@ -17,15 +20,21 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
+import errno
 import os
 import struct
 from collections import deque
 from pathlib import Path
 
-__all__ = ["MAX_PENDING", "DirWatcher", "WatchBroken", "WatchEvent"]
+__all__ = ["MAX_PENDING", "MAX_SCAN", "MAX_WATCHED_DIRS", "DirWatcher", "WatchBroken", "WatchEvent"]
 
 MAX_PENDING = 10_000
 """Events kept for a reader that has not taken them yet; past this the watcher breaks."""
+MAX_WATCHED_DIRS = 8192
+"""Directories one recursive watcher watches; a larger tree is refused at the start
+(ENOSPC, as the kernel says past its own watch limit) and not followed further below."""
+MAX_SCAN = 1000
+"""Entries reported from a new directory's scan (what was made in it before its watch)."""
 
 _IN_MODIFY = 0x00000002
 _IN_ATTRIB = 0x00000004
@@ -38,6 +47,7 @@ _IN_MOVE_SELF = 0x00000800
 _IN_Q_OVERFLOW = 0x00004000
 _IN_IGNORED = 0x00008000
 _IN_ONLYDIR = 0x01000000
+_IN_DONT_FOLLOW = 0x02000000
 _IN_ISDIR = 0x40000000
 _IN_NONBLOCK = os.O_NONBLOCK
 _IN_CLOEXEC = os.O_CLOEXEC
@@ -52,6 +62,7 @@ _MASK = (
     | _IN_DELETE_SELF
     | _IN_MOVE_SELF
     | _IN_ONLYDIR
+    | _IN_DONT_FOLLOW  # a symlink swapped in for a directory is not watched through
 )
 _HEADER = struct.Struct("iIII")  # wd, mask, cookie, len (struct inotify_event)
 
@@ -63,6 +74,17 @@ WatchEvent = tuple[str, str]
 class WatchBroken(Exception):
     """The watcher lost events (its queue or the kernel's overflowed) or its directory is
     gone: start a new one."""
+
+
+def _directories(root: Path) -> list[Path]:
+    """The directories below ``root`` (symlinks not followed), at most MAX_WATCHED_DIRS."""
+    found: list[Path] = []
+    for top, dirs, _files in os.walk(root):
+        dirs.sort()
+        found += [Path(top) / d for d in dirs]
+        if len(found) > MAX_WATCHED_DIRS:
+            raise OSError(errno.ENOSPC, f"more than {MAX_WATCHED_DIRS} directories to watch")
+    return found
 
 
 def _libc() -> ctypes.CDLL:
@@ -102,6 +124,9 @@ class DirWatcher:
         self._fd = fd
         self._dirs: dict[int, Path] = {}
         self._pending: deque[WatchEvent] = deque()
+        self._scanned: dict[str, None] = {}
+        """Names a scan reported created whose own create event may still arrive: that
+        one is dropped (no duplicates). Insertion-ordered, bounded by MAX_PENDING."""
         self._changed = asyncio.Event()
         self.broken: str | None = None
         """Why the watcher stopped delivering (``None`` while it works)."""
@@ -110,7 +135,7 @@ class DirWatcher:
         try:
             self._add(root)
             if recursive:
-                for below in sorted(p for p in root.rglob("*") if p.is_dir()):
+                for below in _directories(root):
                     self._add(below, missing_ok=True)
         except BaseException:
             os.close(fd)
@@ -118,6 +143,8 @@ class DirWatcher:
         self._loop.add_reader(fd, self._readable)
 
     def _add(self, directory: Path, missing_ok: bool = False) -> None:
+        if len(self._dirs) > MAX_WATCHED_DIRS:
+            return  # a tree this large is watched down to here, not further
         wd = self._libc.inotify_add_watch(self._fd, os.fsencode(directory), _MASK)
         if wd < 0:
             err = ctypes.get_errno()
@@ -161,13 +188,45 @@ class DirWatcher:
         kind = _kind(mask)
         if kind is None:
             return
+        relative = os.path.relpath(path, self.root)
+        if kind == "create" and relative in self._scanned:
+            del self._scanned[relative]  # already reported by a scan
+            return
+        if kind in ("remove", "rename"):
+            self._scanned.pop(relative, None)
+        self._report(relative, kind)
         if self.recursive and mask & _IN_ISDIR and mask & (_IN_CREATE | _IN_MOVED_TO):
             self._add(path, missing_ok=True)
-        relative = os.path.relpath(path, self.root)
+            if mask & _IN_CREATE:
+                self._scan(path)
+
+    def _report(self, relative: str, kind: str) -> None:
         if len(self._pending) >= MAX_PENDING:
             self._break(f"more than {MAX_PENDING} events were not taken: events were lost")
             return
         self._pending.append((relative, kind))
+
+    def _scan(self, directory: Path) -> None:
+        """Report what a process made in a new directory before its watch was in place
+        (and watch the directories among it): bounded by MAX_SCAN entries in all."""
+        todo = [directory]
+        budget = MAX_SCAN
+        while todo and budget > 0:
+            try:
+                with os.scandir(todo.pop()) as entries:
+                    found = sorted(entries, key=lambda e: e.name)[:budget]
+            except OSError:
+                continue  # gone again: its removal is reported by the parent's watch
+            budget -= len(found)
+            for item in found:
+                relative = os.path.relpath(item.path, self.root)
+                self._scanned[relative] = None
+                while len(self._scanned) > MAX_PENDING:
+                    del self._scanned[next(iter(self._scanned))]
+                self._report(relative, "create")
+                if item.is_dir(follow_symlinks=False):
+                    self._add(Path(item.path), missing_ok=True)
+                    todo.append(Path(item.path))
 
     def _break(self, why: str) -> None:
         if self.broken is None:

@@ -83,12 +83,13 @@ class ManagedSandbox:
         """How its processes are isolated (``None``: they are not, ``isolation="none"``)."""
         self.limits = limits
         """Its resource limits and how each holds (``None``: none were asked for)."""
-        self.tmpdir = tmpdir or workdir.with_name(workdir.name + ".tmp")
-        """What its processes see as ``/tmp`` under isolation (a host directory beside the
-        working directory, so the files API reaches it too)."""
         self.runtime_dir = workdir.with_name(workdir.name + ".run")
         """The daemon's files for this sandbox, beside (not in) its working directory:
         its processes' output logs. Removed by :meth:`release`."""
+        self.tmpdir = tmpdir or workdir.with_name(workdir.name + ".tmp")
+        """The sandbox's private temporary directory, what its processes and the files
+        APIs see as ``/tmp`` (:mod:`~sandboxkit.daemon.sandbox_paths`): made with the
+        sandbox (mode 0700) by the host, removed with the working directory."""
         self._logs = 0
         self._lock = asyncio.Lock()
 

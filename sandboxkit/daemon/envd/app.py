@@ -86,6 +86,10 @@ def _files(
             return await handler(sandbox, request)
         except SandboxkitError as exc:
             return error_response(exc)
+        except Exception as exc:  # a bug: a typed JSON 500, recorded, never a bare page
+            journal = sandboxes.host.journal
+            journal.record("envd.error", reason=type(exc).__name__, error=repr(exc)[:500])
+            return error_response(SandboxkitError(f"internal error: {type(exc).__name__}"))
 
     return run
 

@@ -2,28 +2,30 @@
 (an ``application/octet-stream`` body with ``path=``, or ``multipart/form-data`` whose
 parts are named by their file name, or by ``path=`` for a single part).
 
-Paths resolve as in :mod:`sandboxkit.daemon.files` (relative: to the sandbox's working
-directory, envd's is the user's home). The ``username`` parameter is accepted and
+Paths are the sandbox's, as in :mod:`sandboxkit.daemon.sandbox_paths` (``/home/user``,
+``/tmp``, relative to ``/home/user``). Content is streamed both ways in
+``sandbox_paths.CHUNK`` blocks, each system call off the event loop: a file of any size
+costs the daemon one block of memory. The ``username`` parameter is accepted and
 ignored: sandboxkit's sandboxes run as the daemon's user. Errors are envd's: a JSON
 ``{"code": <status>, "message": ...}`` (404 for a missing file, 400 for a bad path).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
+from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from sandboxkit.daemon.files import entry, resolve
+from sandboxkit.daemon.files import entry, resolve, write_all, write_fd
 from sandboxkit.daemon.sandbox import ManagedSandbox
-from sandboxkit.errors import FileNotFound, InvalidArgument, SandboxkitError
+from sandboxkit.daemon.sandbox_paths import CHUNK, Located, fs_error, off_loop
+from sandboxkit.errors import InvalidArgument, SandboxkitError
 
 __all__ = ["error_response", "read_file", "write_file"]
-
-_COPY = 256 * 1024
 
 
 def error_response(exc: SandboxkitError) -> Response:
@@ -34,11 +36,23 @@ def error_response(exc: SandboxkitError) -> Response:
 
 async def read_file(sandbox: ManagedSandbox, request: Request) -> Response:
     target = resolve(sandbox, request.query_params.get("path"))
-    if target.is_dir():
-        raise InvalidArgument(f"{target} is a directory", field="path")
-    if not target.exists():
-        raise FileNotFound(f"no file {target}", path=str(target))
-    return FileResponse(target, media_type="application/octet-stream")
+    fd = await off_loop(target.shown, target.open_regular, os.O_RDONLY)
+    return StreamingResponse(_chunks(fd, target), media_type="application/octet-stream")
+
+
+async def _chunks(fd: int, target: Located) -> AsyncIterator[bytes]:
+    try:
+        while block := await off_loop(target.shown, _read, fd, target):
+            yield block
+    finally:
+        os.close(fd)
+
+
+def _read(fd: int, target: Located) -> bytes:
+    try:
+        return os.read(fd, CHUNK)
+    except OSError as exc:
+        raise fs_error(exc, target.shown) from None
 
 
 async def write_file(sandbox: ManagedSandbox, request: Request) -> Response:
@@ -52,27 +66,28 @@ async def write_file(sandbox: ManagedSandbox, request: Request) -> Response:
                 raise InvalidArgument("no file in the upload", field="file")
             for upload in uploads:
                 name = query_path if query_path and len(uploads) == 1 else upload.filename
-                target = _prepare(resolve(sandbox, name))
-                with target.open("wb") as f:
-                    while block := await upload.read(_COPY):
-                        f.write(block)
-                written.append(entry(target))
+                target = resolve(sandbox, name)
+                fd = await off_loop(target.shown, write_fd, target)
+                try:
+                    while block := await upload.read(CHUNK):
+                        await off_loop(target.shown, write_all, fd, block, target)
+                    written.append(await off_loop(target.shown, _entry, fd, target))
+                finally:
+                    os.close(fd)
     else:
         if request.headers.get("content-encoding", "identity") not in ("identity", ""):
             raise InvalidArgument("compressed uploads are not supported", field="gzip")
-        target = _prepare(resolve(sandbox, query_path))
-        with target.open("wb") as f:
+        target = resolve(sandbox, query_path)
+        fd = await off_loop(target.shown, write_fd, target)
+        try:
             async for block in request.stream():
-                f.write(block)
-        written.append(entry(target))
+                if block:
+                    await off_loop(target.shown, write_all, fd, block, target)
+            written.append(await off_loop(target.shown, _entry, fd, target))
+        finally:
+            os.close(fd)
     return JSONResponse(written)
 
 
-def _prepare(target: Path) -> Path:
-    if target.is_dir():
-        raise InvalidArgument(f"{target} is a directory", field="path")
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise InvalidArgument(f"cannot create {target.parent}: {exc.strerror}") from None
-    return target
+def _entry(fd: int, target: Located) -> dict[str, Any]:
+    return entry(target, os.fstat(fd))

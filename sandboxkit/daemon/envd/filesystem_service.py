@@ -3,8 +3,11 @@
 ``make_dir``, ``rename`` and ``remove`` call — and directory watchers: the ``WatchDir``
 server stream (the async SDK's ``files.watch_dir``) and the polling ``CreateWatcher`` /
 ``GetWatcherEvents`` / ``RemoveWatcher`` (the sync SDK's), both on inotify
-(:mod:`sandboxkit.daemon.dir_watch`). Paths resolve as in :mod:`sandboxkit.daemon.files`
-(inside the sandbox's directory).
+(:mod:`sandboxkit.daemon.dir_watch`). Paths are the sandbox's
+(:mod:`sandboxkit.daemon.sandbox_paths`: ``/home/user``, ``/tmp``, relative to
+``/home/user``), resolved beneath its directories; every file-system call runs off the
+event loop; ``ListDir``'s ``depth`` is at most ``sandbox_paths.MAX_LIST_DEPTH`` and a
+listing at most ``sandbox_paths.MAX_LIST_ENTRIES`` entries.
 """
 
 from __future__ import annotations
@@ -47,8 +50,15 @@ from sandboxkit.daemon.envd.process_service import (
 from sandboxkit.daemon.envd.streaming import StreamBody, StreamGuards
 from sandboxkit.daemon.files import resolve
 from sandboxkit.daemon.host import Host
-from sandboxkit.daemon.sandbox import ManagedSandbox
-from sandboxkit.errors import FileNotFound
+from sandboxkit.daemon.sandbox_paths import (
+    MAX_LIST_DEPTH,
+    MAX_LIST_ENTRIES,
+    Located,
+    fs_error,
+    off_loop,
+    wire_name,
+)
+from sandboxkit.errors import FileNotFound, InvalidArgument, SandboxkitError
 
 __all__ = ["FilesystemService"]
 
@@ -94,12 +104,13 @@ _KINDS = {
 }
 
 
-def _event(root: Path, event: WatchEvent, include_entry: bool) -> dict[str, Any]:
+async def _event(root: Located, event: WatchEvent, include_entry: bool) -> dict[str, Any]:
     name, kind = event
-    result: dict[str, Any] = {"name": name, "type": _KINDS[kind]}
+    result: dict[str, Any] = {"name": wire_name(name), "type": _KINDS[kind]}
     if include_entry and kind not in ("remove", "rename"):
-        with contextlib.suppress(FileNotFound):  # gone again already: no entry
-            result["entry"] = entry_info(root / name)
+        below = Located(root.root, root.base, (*root.parts, *os.fsencode(name).split(b"/")))
+        with contextlib.suppress(SandboxkitError):  # gone again already: no entry
+            result["entry"] = await off_loop(below.shown, entry_info, below)
     return result
 
 
@@ -110,9 +121,12 @@ def _broken(exc: WatchBroken) -> ConnectError:
 class _Polled:
     """A polling watcher and when it was last read."""
 
-    def __init__(self, sandbox_id: str, watcher: DirWatcher, include_entry: bool) -> None:
+    def __init__(
+        self, sandbox_id: str, watcher: DirWatcher, root: Located, include_entry: bool
+    ) -> None:
         self.sandbox_id = sandbox_id
         self.watcher = watcher
+        self.root = root
         self.include_entry = include_entry
         self.used = time.monotonic()
 
@@ -125,12 +139,14 @@ class WatchStream(Response):
     def __init__(
         self,
         watcher: DirWatcher,
+        root: Located,
         include_entry: bool,
         keepalive: float | None,
         deadline: float | None,
     ) -> None:
         super().__init__(media_type=STREAM_CONTENT_TYPE)
         self.watcher = watcher
+        self.root = root
         self.include_entry = include_entry
         self.keepalive = keepalive
         self.deadline = deadline
@@ -167,7 +183,7 @@ class WatchStream(Response):
     async def _pump(self, out: StreamBody) -> None:
         while True:
             for event in await self.watcher.next_events():
-                message = _event(self.watcher.root, event, self.include_entry)
+                message = await _event(self.root, event, self.include_entry)
                 await out.write(envelope({"filesystem": message}))
 
 
@@ -178,19 +194,20 @@ def _name(lookup: Callable[[int], Any], ident: int) -> str:
         return str(ident)
 
 
-def entry_info(path: Path) -> dict[str, Any]:
-    """envd's ``EntryInfo`` (proto3 JSON) for ``path``."""
-    try:
-        link = path.lstat()
-    except FileNotFoundError:
-        raise FileNotFound(f"no such file or directory: {path}", path=str(path)) from None
-    info = path.stat() if stat.S_ISLNK(link.st_mode) and path.exists() else link
+def entry_info(target: Located, own: os.stat_result | None = None) -> dict[str, Any]:
+    """envd's ``EntryInfo`` (proto3 JSON) for ``target`` (blocking: run off the loop). A
+    symlink is described by its target where that stays inside, and says so."""
+    own = own or target.lstat()
+    info = own
+    if stat.S_ISLNK(own.st_mode):
+        with contextlib.suppress(SandboxkitError):  # dangling, a loop, or leads outside
+            info = target.stat()
     kind = "FILE_TYPE_DIRECTORY" if stat.S_ISDIR(info.st_mode) else "FILE_TYPE_FILE"
     modified = datetime.fromtimestamp(info.st_mtime, tz=timezone.utc)
     result: dict[str, Any] = {
-        "name": path.name,
+        "name": target.name,
         "type": kind,
-        "path": str(path),
+        "path": target.shown,
         "size": str(info.st_size),
         "mode": stat.S_IMODE(info.st_mode),
         "permissions": stat.filemode(info.st_mode),
@@ -198,14 +215,90 @@ def entry_info(path: Path) -> dict[str, Any]:
         "group": _name(grp.getgrgid, info.st_gid),
         "modifiedTime": modified.isoformat().replace("+00:00", "Z"),
     }
-    if stat.S_ISLNK(link.st_mode):
+    if stat.S_ISLNK(own.st_mode):
         result["isSymlink"] = True
-        result["symlinkTarget"] = os.readlink(path)
+        result["symlinkTarget"] = target.readlink()
     return result
 
 
-def _is_root(sandbox: ManagedSandbox, target: Path) -> bool:
-    return target == Path(sandbox.workdir).resolve()
+def _list(root: Located, depth: int) -> list[dict[str, Any]]:
+    """``depth`` levels of ``root``'s tree, breadth first, by name in each directory;
+    subdirectories that vanish meanwhile are skipped; symlinks are not descended."""
+    entries: list[dict[str, Any]] = []
+    level = [root]
+    for below_root in range(depth):
+        deeper: list[Located] = []
+        for directory in level:
+            try:
+                children = list(directory.scandir())
+            except FileNotFound:
+                if below_root == 0:
+                    raise
+                continue
+            for name, own in children:
+                child = directory.child(name)
+                entries.append(entry_info(child, own))
+                if len(entries) > MAX_LIST_ENTRIES:
+                    raise InvalidArgument(
+                        f"{root.shown} holds more than {MAX_LIST_ENTRIES} entries within "
+                        f"depth {depth}: list a smaller depth",
+                        field="depth",
+                        path=root.shown,
+                        reason="too_many_entries",
+                    )
+                if stat.S_ISDIR(own.st_mode):
+                    deeper.append(child)
+        level = deeper
+    return entries
+
+
+def _make_dir(target: Located) -> bool:
+    target.make_parents()
+    return target.make_dir(exist_ok=True)
+
+
+def _move(source: Located, destination: Located) -> None:
+    source.lstat()  # FileNotFound for a missing source
+    destination.make_parents()
+    src = source.open_parent()
+    try:
+        dst = destination.open_parent()
+        try:
+            os.rename(source.parts[-1], destination.parts[-1], src_dir_fd=src, dst_dir_fd=dst)
+        except OSError as exc:
+            raise fs_error(exc, f"{source.shown} -> {destination.shown}") from None
+        finally:
+            os.close(dst)
+    finally:
+        os.close(src)
+
+
+def _remove(target: Located) -> None:
+    own = target.lstat()
+    parent = target.open_parent()
+    try:
+        if stat.S_ISDIR(own.st_mode):
+            # Through the parent's descriptor; rmtree itself walks by descriptors and
+            # never follows a symlink swapped in meanwhile.
+            shutil.rmtree(f"/proc/self/fd/{parent}/{os.fsdecode(target.parts[-1])}")
+        else:
+            os.unlink(target.parts[-1], dir_fd=parent)
+    except OSError as exc:
+        raise fs_error(exc, target.shown) from None
+    finally:
+        os.close(parent)
+
+
+def _watch_root(target: Located) -> Path:
+    """The host path of the directory ``target`` leads to (resolved beneath the root)."""
+    fd = target.open(os.O_PATH | os.O_DIRECTORY)
+    try:
+        real = Path(os.readlink(f"/proc/self/fd/{fd}"))
+    finally:
+        os.close(fd)
+    if not real.is_relative_to(target.root):
+        raise InvalidArgument(f"{target.shown} moved away", field="path", path=target.shown)
+    return real
 
 
 class FilesystemService(RpcService):
@@ -229,80 +322,60 @@ class FilesystemService(RpcService):
             "/filesystem.Filesystem/Remove": self._unary(self.remove),
         }
 
-    async def _resolve(self, request: Request, path: str, *, not_root: bool = False) -> Path:
+    async def _resolve(self, request: Request, path: str, *, not_root: bool = False) -> Located:
         sandbox = await self.lookup(request, False)
         target = resolve(sandbox, path)
-        if not_root and _is_root(sandbox, target):
-            raise ConnectError("invalid_argument", "the sandbox's own directory stays")
+        if not_root and (target.is_root or target.parts[-1] == b".."):
+            message = f"{target.shown}: the sandbox's own directories stay"
+            raise ConnectError("invalid_argument", message)
         return target
 
     async def stat(self, request: Request, body: bytes) -> dict[str, Any]:
         target = await self._resolve(request, decode(body, _Path).path)
-        return {"entry": entry_info(target)}
+        return {"entry": await off_loop(target.shown, entry_info, target)}
 
     async def list_dir(self, request: Request, body: bytes) -> dict[str, Any]:
         message = decode(body, _ListDir)
         root = await self._resolve(request, message.path or ".")
-        if not root.is_dir():
-            raise FileNotFound(f"no such directory: {root}", path=str(root))
-        depth = max(1, message.depth)
-        entries: list[dict[str, Any]] = []
-        level = [root]
-        for _ in range(depth):
-            below: list[Path] = []
-            for directory in level:
-                for child in sorted(directory.iterdir(), key=lambda p: p.name):
-                    entries.append(entry_info(child))
-                    if child.is_dir() and not child.is_symlink():
-                        below.append(child)
-            level = below
-        return {"entries": entries}
+        depth = min(max(1, message.depth), MAX_LIST_DEPTH)
+        return {"entries": await off_loop(root.shown, _list, root, depth)}
 
     async def make_dir(self, request: Request, body: bytes) -> dict[str, Any]:
         target = await self._resolve(request, decode(body, _Path).path)
-        if target.exists():
-            raise ConnectError("already_exists", f"{target} already exists")
-        target.mkdir(parents=True)
-        return {"entry": entry_info(target)}
+        if not await off_loop(target.shown, _make_dir, target):
+            raise ConnectError("already_exists", f"{target.shown} already exists")
+        return {"entry": await off_loop(target.shown, entry_info, target)}
 
     async def move(self, request: Request, body: bytes) -> dict[str, Any]:
         message = decode(body, _Move)
         source = await self._resolve(request, message.source, not_root=True)
-        destination = await self._resolve(request, message.destination)
-        if not source.exists():
-            raise FileNotFound(f"no such file or directory: {source}", path=str(source))
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(source, destination)
-        return {"entry": entry_info(destination)}
+        destination = await self._resolve(request, message.destination, not_root=True)
+        await off_loop(source.shown, _move, source, destination)
+        return {"entry": await off_loop(destination.shown, entry_info, destination)}
 
     async def remove(self, request: Request, body: bytes) -> dict[str, Any]:
         target = await self._resolve(request, decode(body, _Path).path, not_root=True)
-        if target.is_dir() and not target.is_symlink():
-            shutil.rmtree(target)
-        elif target.exists() or target.is_symlink():
-            target.unlink()
-        else:
-            raise FileNotFound(f"no such file or directory: {target}", path=str(target))
+        await off_loop(target.shown, _remove, target)
         return {}
 
     # -- watchers ----------------------------------------------------------------------
 
-    async def _watcher(self, request: Request, message: _Watch) -> DirWatcher:
+    async def _watcher(self, request: Request, message: _Watch) -> tuple[DirWatcher, Located]:
         if message.allow_network_mounts:
             raise ConnectError("invalid_argument", "sandboxkit watches local directories only")
         root = await self._resolve(request, message.path or ".")
-        if not root.is_dir():
-            raise FileNotFound(f"no such directory: {root}", path=str(root))
+        real = await off_loop(root.shown, _watch_root, root)
         try:
-            return DirWatcher(root, recursive=message.recursive)
+            return DirWatcher(real, recursive=message.recursive), root
         except OSError as exc:  # e.g. the inotify limits of this host
-            raise ConnectError("unavailable", f"cannot watch {root}: {exc}") from exc
+            raise ConnectError("unavailable", f"cannot watch {root.shown}: {exc}") from exc
 
     async def watch_dir(self, request: Request) -> Response:
         body = await self._one_message(request, _Watch)
         deadline = timeout(request)
-        watcher = await self._watcher(request, body)
-        return WatchStream(watcher, body.include_entry, keepalive_interval(request), deadline)
+        watcher, root = await self._watcher(request, body)
+        keepalive = keepalive_interval(request)
+        return WatchStream(watcher, root, body.include_entry, keepalive, deadline)
 
     async def _one_message(self, request: Request, model: type[_Watch]) -> _Watch:
         reader = EnvelopeReader()
@@ -326,9 +399,9 @@ class FilesystemService(RpcService):
         message = decode(body, _Watch)
         sandbox = await self.lookup(request, False)
         self._expire()
-        watcher = await self._watcher(request, message)
+        watcher, root = await self._watcher(request, message)
         wid = "w-" + secrets.token_hex(8)
-        self._watchers[wid] = _Polled(sandbox.sandbox_id, watcher, message.include_entry)
+        self._watchers[wid] = _Polled(sandbox.sandbox_id, watcher, root, message.include_entry)
         return {"watcherId": wid}
 
     def _polled(self, wid: str) -> _Polled:
@@ -345,8 +418,7 @@ class FilesystemService(RpcService):
             events = polled.watcher.take()
         except WatchBroken as exc:
             raise _broken(exc) from exc
-        root = polled.watcher.root
-        return {"events": [_event(root, e, polled.include_entry) for e in events]}
+        return {"events": [await _event(polled.root, e, polled.include_entry) for e in events]}
 
     async def remove_watcher(self, request: Request, body: bytes) -> dict[str, Any]:
         wid = decode(body, _WatcherId).watcher_id
