@@ -334,3 +334,14 @@ def _sleeping(marker: str) -> list[int]:
 def _interfaces(proc_net_dev: str) -> list[str]:
     """The network interfaces ``/proc/net/dev`` lists (its namespace's, unlike /sys)."""
     return [line.split(":")[0].strip() for line in proc_net_dev.splitlines()[2:]]
+
+
+def test_what_the_files_api_writes_belongs_to_the_sandbox(sbx: Sandbox) -> None:
+    sbx.files.write("/home/user/deep/dir/note.txt", "from the API\n")
+    sbx.files.write("/tmp/scratch.txt", "tmp\n")
+    out = sbx.commands.run(
+        "echo more >> /home/user/deep/dir/note.txt && touch /home/user/deep/dir/new "
+        "&& echo more >> /tmp/scratch.txt && echo CHANGED"
+    ).stdout
+    assert out == "CHANGED\n"
+    assert sbx.files.read("/home/user/deep/dir/note.txt") == "from the API\nmore\n"

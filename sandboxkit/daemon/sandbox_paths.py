@@ -179,7 +179,10 @@ class Located:
         # openat2 refuses O_PATH with any flag but these (open(2) ignores the rest).
         extra = os.O_CLOEXEC if flags & _O_PATH else os.O_CLOEXEC | os.O_NONBLOCK
         try:
-            return _open_beneath(root, self.parts, flags | extra, mode)
+            fd = _open_beneath(root, self.parts, flags | extra, mode)
+            if flags & os.O_CREAT:
+                _adopt(root, fd=fd)
+            return fd
         except OSError as exc:
             raise fs_error(exc, named or self.shown) from None
         finally:
@@ -267,6 +270,7 @@ class Located:
         parent = self.open_parent()
         try:
             os.mkdir(self.parts[-1], 0o777, dir_fd=parent)
+            _adopt(parent, name=self.parts[-1])
             return True
         except FileExistsError:
             if not exist_ok:
@@ -296,6 +300,22 @@ class Located:
             raise fs_error(exc, self.shown) from None
         finally:
             os.close(fd)
+
+
+def _adopt(directory: int, *, fd: int | None = None, name: bytes | None = None) -> None:
+    """Give what the files API just made to the owner of the directory it was made in.
+
+    A root daemon runs isolated sandboxes as another account (``docs/isolation.md``) and
+    makes their directories that account's: a file it writes for them must be theirs
+    too, or their processes could read it but never change it. For any other daemon this
+    is the daemon's own account already: nothing to do."""
+    if os.geteuid() != 0:
+        return
+    owner = os.fstat(directory)
+    if fd is not None:
+        os.fchown(fd, owner.st_uid, owner.st_gid)
+    elif name is not None:
+        os.chown(name, owner.st_uid, owner.st_gid, dir_fd=directory, follow_symlinks=False)
 
 
 def locate(root: Path, tmpdir: Path | None, path: str | None) -> Located:
