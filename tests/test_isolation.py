@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import secrets
 import signal
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -283,6 +284,15 @@ def test_the_e2b_sdk_writes_and_reads_home_user_unchanged(
         assert sbx.files.read("/home/user/y.txt") == "made-inside\n"
         assert sbx.files.read("y.txt") == "made-inside\n"  # relative to /home/user
         assert sbx.commands.run("id -u", user="root").stdout == "0\n"
+        # A watcher on /home/user sees what a process inside makes there.
+        handle = sbx.files.watch_dir("/home/user", recursive=True)
+        sbx.commands.run("mkdir -p /home/user/w && echo z > /home/user/w/z.txt")
+        seen: list[str] = []
+        deadline = time.monotonic() + 10
+        while "w/z.txt" not in seen and time.monotonic() < deadline:
+            seen += [e.name for e in handle.get_new_events()]
+        handle.stop()
+        assert "w/z.txt" in seen, seen
     finally:
         sbx.kill()
     offline = e2b.Sandbox.create(timeout=60, allow_internet_access=False, **e2b_opts)
