@@ -231,3 +231,30 @@ def test_log_segments_are_not_visible_from_inside(scene: Scene) -> None:
         .stdout.splitlines()[-1]
         == "100000"
     )
+
+
+def test_pause_reaches_every_process_inside(daemon: Served) -> None:
+    """Whatever the freezer (the unprivileged daemon has no cgroup: signals), pause stops
+    a double-forked, setsid'd grandchild inside the namespaces too."""
+    conn = {"url": daemon.url, "token": daemon.token}
+    with Sandbox.create(**conn) as sbx:
+        sbx.commands.run(
+            "(setsid sh -c 'while :; do date +%s%N >> /tmp/ticks; sleep 0.01; done' &)",
+        )
+
+        def ticks() -> int:
+            return len(sbx.files.read("/tmp/ticks").splitlines())
+
+        deadline = time.monotonic() + 10
+        while ticks() < 5:
+            assert time.monotonic() < deadline, "the grandchild never ticked"
+            time.sleep(0.01)  # sleep-ok: poll interval
+        sbx.pause()
+        frozen = ticks()
+        time.sleep(0.3)  # sleep-ok: long enough for ~30 ticks, had it not been frozen
+        assert ticks() <= frozen + 1, sbx.get_info().freezer
+        sbx.resume()
+        deadline = time.monotonic() + 10
+        while ticks() < frozen + 5:
+            assert time.monotonic() < deadline, "it did not resume"
+            time.sleep(0.01)  # sleep-ok: poll interval
