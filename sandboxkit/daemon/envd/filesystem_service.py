@@ -31,7 +31,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from sandboxkit.daemon.dir_watch import DirWatcher, WatchBroken, WatchEvent
+from sandboxkit.daemon.dir_watch import DirWatcher, WatchBroken, WatchEvent, directories
 from sandboxkit.daemon.envd.connect import (
     STREAM_CONTENT_TYPE,
     ConnectError,
@@ -253,6 +253,9 @@ def _list(root: Located, depth: int) -> list[dict[str, Any]]:
 
 
 def _make_dir(target: Located) -> bool:
+    with contextlib.suppress(FileNotFound):
+        target.lstat()
+        return False  # already there (a directory or not): envd's already_exists
     target.make_parents()
     return target.make_dir(exist_ok=True)
 
@@ -296,7 +299,7 @@ def _watch_root(target: Located) -> Path:
         real = Path(os.readlink(f"/proc/self/fd/{fd}"))
     finally:
         os.close(fd)
-    if not real.is_relative_to(target.root):
+    if not real.is_relative_to(os.path.realpath(target.root)):
         raise InvalidArgument(f"{target.shown} moved away", field="path", path=target.shown)
     return real
 
@@ -366,7 +369,8 @@ class FilesystemService(RpcService):
         root = await self._resolve(request, message.path or ".")
         real = await off_loop(root.shown, _watch_root, root)
         try:
-            return DirWatcher(real, recursive=message.recursive), root
+            below = await off_loop(root.shown, directories, real) if message.recursive else []
+            return DirWatcher(real, recursive=message.recursive, below=below), root
         except OSError as exc:  # e.g. the inotify limits of this host
             raise ConnectError("unavailable", f"cannot watch {root.shown}: {exc}") from exc
 
