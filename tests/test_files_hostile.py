@@ -364,3 +364,19 @@ async def test_d_recursive_watch_reports_files_in_new_subdirectories(envd: Daemo
         assert len(names) == len(set(names)), "a file was reported created twice"
     finally:
         await handle.stop()
+
+
+@pytest.mark.slow  # 1,200 levels resolved beneath the root, each from the root: ~4 s
+def test_c_remove_takes_a_deep_tree_and_never_follows_a_link_out(
+    envd: DaemonServer, sbx: Sandbox, tmp_path: Path
+) -> None:
+    outside = tmp_path / "keep"
+    outside.mkdir()
+    (outside / "precious").write_text("p")
+    deep = "/".join(["d"] * 1200)  # deeper than Python's recursion limit
+    sbx.commands.run(f"mkdir -p tree/{deep} && ln -s {outside} tree/out && touch tree/{deep}/f")
+    with _envd(envd, sbx) as raw:
+        response = _rpc(raw, "Remove", {"path": "tree"})
+        assert response.status_code == 200, response.text
+        assert _rpc(raw, "Stat", {"path": "tree"}).status_code == 404
+    assert (outside / "precious").read_text() == "p"

@@ -43,6 +43,7 @@ import errno
 import os
 import re
 import stat
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -275,6 +276,60 @@ class Located:
                 not_dir = NotADirectoryError(errno.ENOTDIR, "Not a directory")
                 raise fs_error(not_dir, self.shown) from None
             return False
+        except OSError as exc:
+            raise fs_error(exc, self.shown) from None
+        finally:
+            os.close(parent)
+
+    def remove(self) -> None:
+        """Remove this file, symlink or directory tree. Iterative and without holding a
+        descriptor per level, so no tree is too deep for it; every directory is opened
+        afresh beneath the root, so a symlink swapped in is removed, never followed."""
+        stack = [self]
+        # A process that keeps making directories must not keep this thread forever.
+        deadline = time.monotonic() + FILE_OP_DEADLINE
+        while stack:
+            if time.monotonic() > deadline:
+                raise InvalidArgument(
+                    f"{self.shown}: not removed within {FILE_OP_DEADLINE:g} s",
+                    field="path",
+                    path=self.shown,
+                    reason="deadline",
+                )
+            current = stack[-1]
+            try:
+                if not stat.S_ISDIR(current.lstat().st_mode):
+                    current.unlink(directory=False)
+                    stack.pop()
+                    continue
+                entries = list(current.scandir())
+            except FileNotFound:
+                stack.pop()  # gone already
+                continue
+            below = [current.child(n) for n, own in entries if stat.S_ISDIR(own.st_mode)]
+            if below:
+                stack += below
+                continue
+            for name, _own in entries:
+                current.child(name).unlink(directory=False)
+            try:
+                current.unlink(directory=True)
+            except InvalidArgument as exc:
+                if exc.reason == "ENOTEMPTY":
+                    continue  # a process added to it meanwhile: empty it again
+                raise
+            stack.pop()
+
+    def unlink(self, *, directory: bool) -> None:
+        """``unlink`` (or ``rmdir``) this entry in its parent."""
+        parent = self.open_parent()
+        try:
+            if directory:
+                os.rmdir(self.parts[-1], dir_fd=parent)
+            else:
+                os.unlink(self.parts[-1], dir_fd=parent)
+        except FileNotFoundError:
+            pass  # gone already: what was asked
         except OSError as exc:
             raise fs_error(exc, self.shown) from None
         finally:

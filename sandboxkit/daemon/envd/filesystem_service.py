@@ -18,7 +18,6 @@ import grp
 import os
 import pwd
 import secrets
-import shutil
 import stat
 import time
 from collections.abc import Awaitable, Callable
@@ -277,19 +276,8 @@ def _move(source: Located, destination: Located) -> None:
 
 
 def _remove(target: Located) -> None:
-    own = target.lstat()
-    parent = target.open_parent()
-    try:
-        if stat.S_ISDIR(own.st_mode):
-            # Through the parent's descriptor; rmtree itself walks by descriptors and
-            # never follows a symlink swapped in meanwhile.
-            shutil.rmtree(f"/proc/self/fd/{parent}/{os.fsdecode(target.parts[-1])}")
-        else:
-            os.unlink(target.parts[-1], dir_fd=parent)
-    except OSError as exc:
-        raise fs_error(exc, target.shown) from None
-    finally:
-        os.close(parent)
+    target.lstat()  # FileNotFound for a missing path
+    target.remove()
 
 
 def _watch_root(target: Located) -> Path:
