@@ -124,7 +124,7 @@ def unescape(path: str) -> bytes:
         return _ESCAPE_IN.sub(one, path).encode("utf-8", "surrogateescape")
     except UnicodeEncodeError:
         raise InvalidArgument(
-            f"{path!r} is not a valid path (lone surrogates)", field="path", path=path
+            f"{path!r} is not a valid path (lone surrogates)", field="path", reason="encoding"
         ) from None
 
 
@@ -387,12 +387,14 @@ def _beneath(located: Located, path: str) -> Located:
     return located
 
 
-def outside(path: str) -> InvalidArgument:
-    """The error for a path that leads outside the sandbox's directories."""
+def outside(path: str, *, shown: str | None = None) -> InvalidArgument:
+    """The error for a path (as requested, or ``shown`` as answers name it) that leads
+    outside the sandbox's directories."""
+    shown = shown or wire_name(path)  # valid UTF-8 whatever the request held
     return InvalidArgument(
-        f"{path} is outside the sandbox's writable space ({HOME} and {TMP})",
+        f"{shown} is outside the sandbox's writable space ({HOME} and {TMP})",
         field="path",
-        path=path,
+        path=shown,
         reason="outside",
     )
 
@@ -412,7 +414,7 @@ def fs_error(exc: OSError, path: str) -> SandboxkitError:
     if code in (errno.ENOENT, errno.ENOTDIR):
         return FileNotFound(f"no such file or directory: {path} ({why})", path=path)
     if code == errno.EXDEV:  # RESOLVE_BENEATH: a symlink or '..' climbs out
-        return outside(path)
+        return outside(path, shown=path)
     return InvalidArgument(f"{path}: {why} ({name})", field="path", path=path, reason=name)
 
 
