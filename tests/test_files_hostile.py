@@ -380,3 +380,24 @@ def test_c_remove_takes_a_deep_tree_and_never_follows_a_link_out(
         assert response.status_code == 200, response.text
         assert _rpc(raw, "Stat", {"path": "tree"}).status_code == 404
     assert (outside / "precious").read_text() == "p"
+
+
+def test_b_watch_events_name_non_utf8_files_in_valid_json(envd: DaemonServer, sbx: Sandbox) -> None:
+    sbx.files.write("w/.keep", "")
+    with _envd(envd, sbx) as raw:
+        made = _rpc(raw, "CreateWatcher", {"path": "/home/user/w", "includeEntry": True})
+        wid = made.json()["watcherId"]
+        try:
+            sbx.commands.run("printf x > \"w/$(printf 'caf\\351')\"")
+            seen: list[dict[str, Any]] = []
+
+            def got_it() -> bool:
+                answer = _rpc(raw, "GetWatcherEvents", {"watcherId": wid})
+                seen.extend(_strict_json(answer.content)["events"])
+                return any(e["name"] == "caf\\xe9" for e in seen)
+
+            wait_until(got_it, what="the watch event of the non-UTF-8 name")
+            entry = next(e["entry"] for e in seen if e["name"] == "caf\\xe9" and "entry" in e)
+            assert entry["path"] == "/home/user/w/caf\\xe9"
+        finally:
+            _rpc(raw, "RemoveWatcher", {"watcherId": wid})
