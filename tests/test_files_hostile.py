@@ -122,6 +122,21 @@ def test_a_fifo_is_refused_and_never_blocks_the_daemon(envd: DaemonServer, sbx: 
                 os.close(os.open(fifo, flags))
 
 
+def test_a_a_socket_is_refused_by_both_apis(envd: DaemonServer, sbx: Sandbox) -> None:
+    sbx.commands.run("python3 -c \"import socket; socket.socket(socket.AF_UNIX).bind('sock')\"")
+    with _api(envd) as api, _envd(envd, sbx) as raw:
+        sid = sbx.sandbox_id
+        for response in (
+            api.get(f"/sandboxes/{sid}/files", params={"file": "sock"}),
+            api.put(f"/sandboxes/{sid}/files", json={"path": "sock", "data": "eA=="}),
+            raw.get("/files", params={"path": "sock"}),
+            raw.post("/files", params={"path": "sock"}, content=b"x"),
+        ):
+            assert 400 <= response.status_code < 500, response.text
+            assert "/home/user/sock" in response.json()["message"]
+            assert "socket" in response.json()["message"]
+
+
 def test_a_huge_sparse_file_is_capped_or_streamed_without_growing_the_daemon(
     envd: DaemonServer, sbx: Sandbox
 ) -> None:
