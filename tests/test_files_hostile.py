@@ -203,6 +203,7 @@ def test_b_a_name_over_255_bytes_is_a_typed_4xx_on_every_route(
         body = _strict_json(response.content)
         assert long in body["message"], (i, body)
     assert sbx.files.read("moved") == "m"
+    assert [e.name for e in sbx.files.list()] == ["moved"]  # no "sub" made on the way
 
 
 def test_b_a_symlink_loop_is_a_typed_4xx(envd: DaemonServer, sbx: Sandbox) -> None:

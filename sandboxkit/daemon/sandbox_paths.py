@@ -79,6 +79,8 @@ MAX_LIST_DEPTH = 64
 """Deepest level envd's ``ListDir`` descends to: a larger ``depth`` is taken as this."""
 MAX_LIST_ENTRIES = 100_000
 """Entries one listing may return; a tree with more is refused (list a smaller depth)."""
+NAME_MAX = 255
+"""Longest path component, in bytes (Linux's, on every common file system)."""
 MAX_SYMLINKS = 40
 """Symlinks followed while resolving one path (the kernel's own bound): past it, ELOOP."""
 
@@ -377,10 +379,14 @@ def locate(root: Path, tmpdir: Path | None, path: str | None) -> Located:
 
 
 def _beneath(located: Located, path: str) -> Located:
-    """``located``, unless its ``..`` climb above its root as written (refused before
-    anything is created; symlinks that climb out are refused by the kernel at open)."""
+    """``located``, unless its ``..`` climb above its root as written or a component is
+    longer than the kernel takes (refused before anything is created; symlinks that climb
+    out are refused by the kernel at open)."""
     depth = 0
     for part in located.parts:
+        if len(part) > NAME_MAX:
+            too_long = OSError(errno.ENAMETOOLONG, f"a component is over {NAME_MAX} bytes")
+            raise fs_error(too_long, located.shown)
         depth += -1 if part == b".." else 1
         if depth < 0:
             raise outside(path)
