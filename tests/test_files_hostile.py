@@ -417,3 +417,12 @@ def test_b_watch_events_name_non_utf8_files_in_valid_json(envd: DaemonServer, sb
             assert entry["path"] == "/home/user/w/caf\\xe9"
         finally:
             _rpc(raw, "RemoveWatcher", {"watcherId": wid})
+
+
+@pytest.mark.slow  # the fallback removal resolves 1,200 levels each from the root: ~4 s
+def test_c_killing_a_sandbox_removes_a_tree_too_deep_for_rmtree(envd: DaemonServer) -> None:
+    sandbox = Sandbox.create(url=envd.url, token=envd.token)
+    workdir = Path(envd.host.sandboxes[sandbox.sandbox_id].workdir)
+    sandbox.commands.run("mkdir -p " + "/".join(["d"] * 1200))
+    sandbox.kill()  # raised a RecursionError (500) before
+    assert not workdir.exists()

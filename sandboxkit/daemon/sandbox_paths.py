@@ -42,6 +42,7 @@ import ctypes
 import errno
 import os
 import re
+import shutil
 import stat
 import time
 from collections.abc import Callable, Iterator
@@ -57,11 +58,14 @@ __all__ = [
     "HOME",
     "MAX_LIST_DEPTH",
     "MAX_LIST_ENTRIES",
+    "NAME_MAX",
     "TMP",
     "Located",
     "fs_error",
     "locate",
     "off_loop",
+    "outside",
+    "remove_directory",
     "unescape",
     "wire_name",
 ]
@@ -391,6 +395,18 @@ def _beneath(located: Located, path: str) -> Located:
         if depth < 0:
             raise outside(path)
     return located
+
+
+def remove_directory(directory: Path) -> None:
+    """Remove a directory tree a sandboxed process may have shaped (its working
+    directory): ``shutil.rmtree``, and where that recurses too deep for Python (a tree
+    over about 1,000 levels) :meth:`Located.remove`, which is iterative."""
+    try:
+        shutil.rmtree(directory)
+    except FileNotFoundError:
+        pass
+    except RecursionError:
+        Located(directory.parent, "", (os.fsencode(directory.name),)).remove()
 
 
 def outside(path: str, *, shown: str | None = None) -> InvalidArgument:
