@@ -122,6 +122,21 @@ def test_a_fifo_is_refused_and_never_blocks_the_daemon(envd: DaemonServer, sbx: 
                 os.close(os.open(fifo, flags))
 
 
+def test_a_a_socket_is_refused_by_both_apis(envd: DaemonServer, sbx: Sandbox) -> None:
+    sbx.commands.run("python3 -c \"import socket; socket.socket(socket.AF_UNIX).bind('sock')\"")
+    with _api(envd) as api, _envd(envd, sbx) as raw:
+        sid = sbx.sandbox_id
+        for response in (
+            api.get(f"/sandboxes/{sid}/files", params={"file": "sock"}),
+            api.put(f"/sandboxes/{sid}/files", json={"path": "sock", "data": "eA=="}),
+            raw.get("/files", params={"path": "sock"}),
+            raw.post("/files", params={"path": "sock"}, content=b"x"),
+        ):
+            assert 400 <= response.status_code < 500, response.text
+            assert "/home/user/sock" in response.json()["message"]
+            assert "socket" in response.json()["message"]
+
+
 def test_a_huge_sparse_file_is_capped_or_streamed_without_growing_the_daemon(
     envd: DaemonServer, sbx: Sandbox
 ) -> None:
@@ -188,6 +203,7 @@ def test_b_a_name_over_255_bytes_is_a_typed_4xx_on_every_route(
         body = _strict_json(response.content)
         assert long in body["message"], (i, body)
     assert sbx.files.read("moved") == "m"
+    assert [e.name for e in sbx.files.list()] == ["moved"]  # no "sub" made on the way
 
 
 def test_b_a_symlink_loop_is_a_typed_4xx(envd: DaemonServer, sbx: Sandbox) -> None:
@@ -364,3 +380,49 @@ async def test_d_recursive_watch_reports_files_in_new_subdirectories(envd: Daemo
         assert len(names) == len(set(names)), "a file was reported created twice"
     finally:
         await handle.stop()
+
+
+@pytest.mark.slow  # 1,200 levels resolved beneath the root, each from the root: ~4 s
+def test_c_remove_takes_a_deep_tree_and_never_follows_a_link_out(
+    envd: DaemonServer, sbx: Sandbox, tmp_path: Path
+) -> None:
+    outside = tmp_path / "keep"
+    outside.mkdir()
+    (outside / "precious").write_text("p")
+    deep = "/".join(["d"] * 1200)  # deeper than Python's recursion limit
+    sbx.commands.run(f"mkdir -p tree/{deep} && ln -s {outside} tree/out && touch tree/{deep}/f")
+    with _envd(envd, sbx) as raw:
+        response = _rpc(raw, "Remove", {"path": "tree"})
+        assert response.status_code == 200, response.text
+        assert _rpc(raw, "Stat", {"path": "tree"}).status_code == 404
+    assert (outside / "precious").read_text() == "p"
+
+
+def test_b_watch_events_name_non_utf8_files_in_valid_json(envd: DaemonServer, sbx: Sandbox) -> None:
+    sbx.files.write("w/.keep", "")
+    with _envd(envd, sbx) as raw:
+        made = _rpc(raw, "CreateWatcher", {"path": "/home/user/w", "includeEntry": True})
+        wid = made.json()["watcherId"]
+        try:
+            sbx.commands.run("printf x > \"w/$(printf 'caf\\351')\"")
+            seen: list[dict[str, Any]] = []
+
+            def got_it() -> bool:
+                answer = _rpc(raw, "GetWatcherEvents", {"watcherId": wid})
+                seen.extend(_strict_json(answer.content)["events"])
+                return any(e["name"] == "caf\\xe9" for e in seen)
+
+            wait_until(got_it, what="the watch event of the non-UTF-8 name")
+            entry = next(e["entry"] for e in seen if e["name"] == "caf\\xe9" and "entry" in e)
+            assert entry["path"] == "/home/user/w/caf\\xe9"
+        finally:
+            _rpc(raw, "RemoveWatcher", {"watcherId": wid})
+
+
+@pytest.mark.slow  # the fallback removal resolves 1,200 levels each from the root: ~4 s
+def test_c_killing_a_sandbox_removes_a_tree_too_deep_for_rmtree(envd: DaemonServer) -> None:
+    sandbox = Sandbox.create(url=envd.url, token=envd.token)
+    workdir = Path(envd.host.sandboxes[sandbox.sandbox_id].workdir)
+    sandbox.commands.run("mkdir -p " + "/".join(["d"] * 1200))
+    sandbox.kill()  # raised a RecursionError (500) before
+    assert not workdir.exists()

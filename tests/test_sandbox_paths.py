@@ -4,13 +4,14 @@ with ``openat2(RESOLVE_BENEATH)`` on every case, and names round-trip."""
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
 import pytest
 
 from sandboxkit.daemon import sandbox_paths
-from sandboxkit.daemon.sandbox_paths import locate, unescape, wire_name
+from sandboxkit.daemon.sandbox_paths import fs_error, locate, unescape, wire_name
 from sandboxkit.errors import FileNotFound, InvalidArgument, SandboxkitError
 
 CASES = [
@@ -111,3 +112,28 @@ def test_names_round_trip_as_valid_utf8(raw: bytes) -> None:
     shown.encode("utf-8")  # no lone surrogates
     assert unescape(shown) == raw
     assert wire_name(os.fsdecode(raw)) == shown
+
+
+@pytest.mark.parametrize(
+    ("code", "cls", "reason"),
+    [
+        (errno.ENOENT, FileNotFound, None),
+        (errno.ENOTDIR, FileNotFound, None),
+        (errno.ENAMETOOLONG, InvalidArgument, "ENAMETOOLONG"),
+        (errno.ELOOP, InvalidArgument, "ELOOP"),
+        (errno.EISDIR, InvalidArgument, "EISDIR"),
+        (errno.EACCES, InvalidArgument, "EACCES"),
+        (errno.ENOSPC, InvalidArgument, "ENOSPC"),
+        (errno.EDQUOT, InvalidArgument, "EDQUOT"),
+        (errno.EXDEV, InvalidArgument, "outside"),
+    ],
+)
+def test_every_errno_is_a_typed_4xx_naming_the_path(
+    code: int, cls: type[SandboxkitError], reason: str | None
+) -> None:
+    error = fs_error(OSError(code, os.strerror(code)), "/home/user/x.txt")
+    assert type(error) is cls and 400 <= error.status < 500
+    assert "/home/user/x.txt" in str(error)
+    assert error.details["path"] == "/home/user/x.txt"
+    if reason is not None:
+        assert error.details["reason"] == reason

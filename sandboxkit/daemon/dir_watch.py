@@ -26,7 +26,15 @@ import struct
 from collections import deque
 from pathlib import Path
 
-__all__ = ["MAX_PENDING", "MAX_SCAN", "MAX_WATCHED_DIRS", "DirWatcher", "WatchBroken", "WatchEvent"]
+__all__ = [
+    "MAX_PENDING",
+    "MAX_SCAN",
+    "MAX_WATCHED_DIRS",
+    "DirWatcher",
+    "WatchBroken",
+    "WatchEvent",
+    "directories",
+]
 
 MAX_PENDING = 10_000
 """Events kept for a reader that has not taken them yet; past this the watcher breaks."""
@@ -76,8 +84,9 @@ class WatchBroken(Exception):
     gone: start a new one."""
 
 
-def _directories(root: Path) -> list[Path]:
-    """The directories below ``root`` (symlinks not followed), at most MAX_WATCHED_DIRS."""
+def directories(root: Path) -> list[Path]:
+    """The directories below ``root`` (symlinks not followed), at most MAX_WATCHED_DIRS
+    (ENOSPC past it). Blocking: callers on the event loop run it on a thread."""
     found: list[Path] = []
     for top, dirs, _files in os.walk(root):
         dirs.sort()
@@ -109,9 +118,12 @@ class DirWatcher:
     """Watches ``root`` (and, if ``recursive``, the directories below it) on the running
     event loop. Take events with :meth:`next_events`; :meth:`close` releases the
     descriptor (idempotent). Raises NotADirectoryError/FileNotFoundError for a path that
-    is not a directory."""
+    is not a directory. ``below``: the directories under ``root`` to watch from the start,
+    found off the loop (:func:`directories`); by default the watcher walks them itself."""
 
-    def __init__(self, root: Path, *, recursive: bool = False) -> None:
+    def __init__(
+        self, root: Path, *, recursive: bool = False, below: list[Path] | None = None
+    ) -> None:
         if not root.is_dir():
             raise NotADirectoryError(f"not a directory: {root}")
         self.root = root
@@ -135,8 +147,8 @@ class DirWatcher:
         try:
             self._add(root)
             if recursive:
-                for below in _directories(root):
-                    self._add(below, missing_ok=True)
+                for directory in directories(root) if below is None else below:
+                    self._add(directory, missing_ok=True)
         except BaseException:
             os.close(fd)
             raise

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
 import signal
 import time
 from collections import deque
@@ -20,8 +19,14 @@ from sandboxkit.daemon.isolation import NamespacePlan
 from sandboxkit.daemon.limits import LimitEnforcer
 from sandboxkit.daemon.output_log import OutputLog
 from sandboxkit.daemon.process import ManagedProcess, ProcessSpec
+from sandboxkit.daemon.sandbox_paths import remove_directory
 from sandboxkit.daemon.segment_store import remove_tree
-from sandboxkit.errors import InvalidArgument, ProcessNotFound, ResultUnavailable
+from sandboxkit.errors import (
+    InvalidArgument,
+    ProcessNotFound,
+    ResultUnavailable,
+    SandboxkitError,
+)
 from sandboxkit.lab_options import LabOptions
 
 __all__ = ["ManagedSandbox", "OnTimeout", "SandboxState"]
@@ -253,8 +258,9 @@ class ManagedSandbox:
             if self.limits is not None:
                 self.limits.close()
             for directory in (self.workdir, self.tmpdir):
-                with contextlib.suppress(OSError):
-                    shutil.rmtree(directory)
+                # Off the loop: the process may have left a large or very deep tree.
+                with contextlib.suppress(OSError, SandboxkitError):
+                    await asyncio.to_thread(remove_directory, directory)
             self.state = "killed"
             self.killed_at = time.time()
             self.journal.record("sandbox.killed", sandbox_id=self.sandbox_id, reason=reason)

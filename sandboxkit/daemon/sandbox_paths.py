@@ -42,7 +42,9 @@ import ctypes
 import errno
 import os
 import re
+import shutil
 import stat
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,11 +58,14 @@ __all__ = [
     "HOME",
     "MAX_LIST_DEPTH",
     "MAX_LIST_ENTRIES",
+    "NAME_MAX",
     "TMP",
     "Located",
     "fs_error",
     "locate",
     "off_loop",
+    "outside",
+    "remove_directory",
     "unescape",
     "wire_name",
 ]
@@ -78,6 +83,8 @@ MAX_LIST_DEPTH = 64
 """Deepest level envd's ``ListDir`` descends to: a larger ``depth`` is taken as this."""
 MAX_LIST_ENTRIES = 100_000
 """Entries one listing may return; a tree with more is refused (list a smaller depth)."""
+NAME_MAX = 255
+"""Longest path component, in bytes (Linux's, on every common file system)."""
 MAX_SYMLINKS = 40
 """Symlinks followed while resolving one path (the kernel's own bound): past it, ELOOP."""
 
@@ -123,7 +130,7 @@ def unescape(path: str) -> bytes:
         return _ESCAPE_IN.sub(one, path).encode("utf-8", "surrogateescape")
     except UnicodeEncodeError:
         raise InvalidArgument(
-            f"{path!r} is not a valid path (lone surrogates)", field="path", path=path
+            f"{path!r} is not a valid path (lone surrogates)", field="path", reason="encoding"
         ) from None
 
 
@@ -284,6 +291,60 @@ class Located:
         finally:
             os.close(parent)
 
+    def remove(self) -> None:
+        """Remove this file, symlink or directory tree. Iterative and without holding a
+        descriptor per level, so no tree is too deep for it; every directory is opened
+        afresh beneath the root, so a symlink swapped in is removed, never followed."""
+        stack = [self]
+        # A process that keeps making directories must not keep this thread forever.
+        deadline = time.monotonic() + FILE_OP_DEADLINE
+        while stack:
+            if time.monotonic() > deadline:
+                raise InvalidArgument(
+                    f"{self.shown}: not removed within {FILE_OP_DEADLINE:g} s",
+                    field="path",
+                    path=self.shown,
+                    reason="deadline",
+                )
+            current = stack[-1]
+            try:
+                if not stat.S_ISDIR(current.lstat().st_mode):
+                    current.unlink(directory=False)
+                    stack.pop()
+                    continue
+                entries = list(current.scandir())
+            except FileNotFound:
+                stack.pop()  # gone already
+                continue
+            below = [current.child(n) for n, own in entries if stat.S_ISDIR(own.st_mode)]
+            if below:
+                stack += below
+                continue
+            for name, _own in entries:
+                current.child(name).unlink(directory=False)
+            try:
+                current.unlink(directory=True)
+            except InvalidArgument as exc:
+                if exc.reason == "ENOTEMPTY":
+                    continue  # a process added to it meanwhile: empty it again
+                raise
+            stack.pop()
+
+    def unlink(self, *, directory: bool) -> None:
+        """``unlink`` (or ``rmdir``) this entry in its parent."""
+        parent = self.open_parent()
+        try:
+            if directory:
+                os.rmdir(self.parts[-1], dir_fd=parent)
+            else:
+                os.unlink(self.parts[-1], dir_fd=parent)
+        except FileNotFoundError:
+            pass  # gone already: what was asked
+        except OSError as exc:
+            raise fs_error(exc, self.shown) from None
+        finally:
+            os.close(parent)
+
     def scandir(self) -> Iterator[tuple[bytes, os.stat_result]]:
         """A directory's entries (name, own status), by name."""
         fd = self.open(os.O_RDONLY | os.O_DIRECTORY)
@@ -342,22 +403,40 @@ def locate(root: Path, tmpdir: Path | None, path: str | None) -> Located:
 
 
 def _beneath(located: Located, path: str) -> Located:
-    """``located``, unless its ``..`` climb above its root as written (refused before
-    anything is created; symlinks that climb out are refused by the kernel at open)."""
+    """``located``, unless its ``..`` climb above its root as written or a component is
+    longer than the kernel takes (refused before anything is created; symlinks that climb
+    out are refused by the kernel at open)."""
     depth = 0
     for part in located.parts:
+        if len(part) > NAME_MAX:
+            too_long = OSError(errno.ENAMETOOLONG, f"a component is over {NAME_MAX} bytes")
+            raise fs_error(too_long, located.shown)
         depth += -1 if part == b".." else 1
         if depth < 0:
             raise outside(path)
     return located
 
 
-def outside(path: str) -> InvalidArgument:
-    """The error for a path that leads outside the sandbox's directories."""
+def remove_directory(directory: Path) -> None:
+    """Remove a directory tree a sandboxed process may have shaped (its working
+    directory): ``shutil.rmtree``, and where that recurses too deep for Python (a tree
+    over about 1,000 levels) :meth:`Located.remove`, which is iterative."""
+    try:
+        shutil.rmtree(directory)
+    except FileNotFoundError:
+        pass
+    except RecursionError:
+        Located(directory.parent, "", (os.fsencode(directory.name),)).remove()
+
+
+def outside(path: str, *, shown: str | None = None) -> InvalidArgument:
+    """The error for a path (as requested, or ``shown`` as answers name it) that leads
+    outside the sandbox's directories."""
+    shown = shown or wire_name(path)  # valid UTF-8 whatever the request held
     return InvalidArgument(
-        f"{path} is outside the sandbox's writable space ({HOME} and {TMP})",
+        f"{shown} is outside the sandbox's writable space ({HOME} and {TMP})",
         field="path",
-        path=path,
+        path=shown,
         reason="outside",
     )
 
@@ -377,7 +456,7 @@ def fs_error(exc: OSError, path: str) -> SandboxkitError:
     if code in (errno.ENOENT, errno.ENOTDIR):
         return FileNotFound(f"no such file or directory: {path} ({why})", path=path)
     if code == errno.EXDEV:  # RESOLVE_BENEATH: a symlink or '..' climbs out
-        return outside(path)
+        return outside(path, shown=path)
     return InvalidArgument(f"{path}: {why} ({name})", field="path", path=path, reason=name)
 
 

@@ -13,6 +13,7 @@ ignored: sandboxkit's sandboxes run as the daemon's user. Errors are envd's: a J
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -36,16 +37,31 @@ def error_response(exc: SandboxkitError) -> Response:
 
 async def read_file(sandbox: ManagedSandbox, request: Request) -> Response:
     target = resolve(sandbox, request.query_params.get("path"))
-    fd = await off_loop(target.shown, target.open_regular, os.O_RDONLY)
-    return StreamingResponse(_chunks(fd, target), media_type="application/octet-stream")
+    fd = _Descriptor(await off_loop(target.shown, target.open_regular, os.O_RDONLY))
+    body = _chunks(fd, target)
+    # A response torn down before its first chunk never runs the generator's finally.
+    weakref.finalize(body, fd.close)
+    return StreamingResponse(body, media_type="application/octet-stream")
 
 
-async def _chunks(fd: int, target: Located) -> AsyncIterator[bytes]:
+class _Descriptor:
+    """A file descriptor closed exactly once, by whoever is first."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd: int | None = fd
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)
+
+
+async def _chunks(fd: _Descriptor, target: Located) -> AsyncIterator[bytes]:
     try:
-        while block := await off_loop(target.shown, _read, fd, target):
+        while fd.fd is not None and (block := await off_loop(target.shown, _read, fd.fd, target)):
             yield block
     finally:
-        os.close(fd)
+        fd.close()
 
 
 def _read(fd: int, target: Located) -> bytes:

@@ -18,7 +18,6 @@ import grp
 import os
 import pwd
 import secrets
-import shutil
 import stat
 import time
 from collections.abc import Awaitable, Callable
@@ -31,7 +30,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from sandboxkit.daemon.dir_watch import DirWatcher, WatchBroken, WatchEvent
+from sandboxkit.daemon.dir_watch import DirWatcher, WatchBroken, WatchEvent, directories
 from sandboxkit.daemon.envd.connect import (
     STREAM_CONTENT_TYPE,
     ConnectError,
@@ -253,6 +252,9 @@ def _list(root: Located, depth: int) -> list[dict[str, Any]]:
 
 
 def _make_dir(target: Located) -> bool:
+    with contextlib.suppress(FileNotFound):
+        target.lstat()
+        return False  # already there (a directory or not): envd's already_exists
     target.make_parents()
     return target.make_dir(exist_ok=True)
 
@@ -274,19 +276,8 @@ def _move(source: Located, destination: Located) -> None:
 
 
 def _remove(target: Located) -> None:
-    own = target.lstat()
-    parent = target.open_parent()
-    try:
-        if stat.S_ISDIR(own.st_mode):
-            # Through the parent's descriptor; rmtree itself walks by descriptors and
-            # never follows a symlink swapped in meanwhile.
-            shutil.rmtree(f"/proc/self/fd/{parent}/{os.fsdecode(target.parts[-1])}")
-        else:
-            os.unlink(target.parts[-1], dir_fd=parent)
-    except OSError as exc:
-        raise fs_error(exc, target.shown) from None
-    finally:
-        os.close(parent)
+    target.lstat()  # FileNotFound for a missing path
+    target.remove()
 
 
 def _watch_root(target: Located) -> Path:
@@ -296,7 +287,7 @@ def _watch_root(target: Located) -> Path:
         real = Path(os.readlink(f"/proc/self/fd/{fd}"))
     finally:
         os.close(fd)
-    if not real.is_relative_to(target.root):
+    if not real.is_relative_to(os.path.realpath(target.root)):
         raise InvalidArgument(f"{target.shown} moved away", field="path", path=target.shown)
     return real
 
@@ -366,7 +357,8 @@ class FilesystemService(RpcService):
         root = await self._resolve(request, message.path or ".")
         real = await off_loop(root.shown, _watch_root, root)
         try:
-            return DirWatcher(real, recursive=message.recursive), root
+            below = await off_loop(root.shown, directories, real) if message.recursive else []
+            return DirWatcher(real, recursive=message.recursive, below=below), root
         except OSError as exc:  # e.g. the inotify limits of this host
             raise ConnectError("unavailable", f"cannot watch {root.shown}: {exc}") from exc
 
