@@ -42,6 +42,7 @@ class ManagedSandbox:
         config: DaemonConfig,
         journal: EventJournal,
         *,
+        runtime_dir: Path,
         envs: dict[str, str] | None = None,
         timeout: float | None = None,
         on_timeout: OnTimeout = "pause",
@@ -72,9 +73,10 @@ class ManagedSandbox:
         self.last_activity = time.monotonic()
         self.processes: dict[int, ManagedProcess] = {}
         self.evicted: deque[int] = deque(maxlen=10_000)
-        self.runtime_dir = workdir.with_name(workdir.name + ".run")
-        """The daemon's files for this sandbox, beside (not in) its working directory:
-        its processes' output logs. Removed by :meth:`release`."""
+        self.runtime_dir = runtime_dir
+        """The daemon's files for this sandbox: its processes' output logs, in the host's
+        own directory, out of the sandboxes' root (which a sandbox names as ``..``).
+        Removed by :meth:`release`."""
         self._logs = 0
         self._lock = asyncio.Lock()
 
