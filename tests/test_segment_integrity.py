@@ -135,6 +135,11 @@ async def main():
             "head": log.head,
             "neighbour": [clean.received, clean.lost, clean.cursor, other.log.head],
             "storage": log.storage,
+            "events": [
+                [e.reason, e.data["storage"]]
+                for e in host.journal.since(0, pid=process.pid)
+                if e.kind == "process.log_degraded"
+            ],
         }))
 
 asyncio.run(main())
@@ -167,6 +172,9 @@ def test_a_sandbox_damaging_its_log_segments_costs_a_gap_never_the_daemon(
     # The damage cost something (a gap), never a malformed frame (checked in the daemon).
     assert any(lost > 0 for _, lost, _, _ in result["readers"])
     assert result["neighbour"] == [total, 0, result["neighbour"][3], result["neighbour"][3]]
+    # The damage is journalled; the log stays on disk.
+    assert result["events"] and set(map(tuple, result["events"])) == {("segment_damaged", "disk")}
+    assert result["storage"] == "disk"
 
 
 # -- checksums: a corrupt frame read from disk is an exact gap -----------------------------
