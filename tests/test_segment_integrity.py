@@ -300,3 +300,38 @@ async def test_log_segments_are_not_beside_the_sandboxes(tmp_path: Path) -> None
         runtime = directory.parent.parent
         assert stat.S_IMODE(runtime.stat().st_mode) == 0o700
     assert not directory.exists() and not runtime.exists()
+
+
+def test_the_segment_being_written_cut_under_the_producer_is_a_gap_and_the_log_goes_on(
+    tmp_path: Path,
+) -> None:
+    directory = tmp_path / "log"
+    log = OutputLog(1 << 20, directory=directory, cache_bytes=4096, segment_bytes=64 * 1024)
+    expected = b"".join(bytes([i]) * 4096 for i in range(32))
+    for i in range(8):
+        log.append("stdout", bytes([i]) * 4096)
+    (frames,) = directory.glob("*.frames")  # the one segment, still written to
+    log.drop_cache()  # (its chunks are in the file now; readers go there)
+    os.truncate(frames, 0)
+    for i in range(8, 32):  # the producer writes on, past the cut (a hole, then frames)
+        assert log.append("stdout", bytes([i]) * 4096) is not None
+    cursor = next_offset = received = lost = 0
+    while True:
+        gap, chunks = log.read(cursor, 8192)
+        if gap is not None:
+            lost += gap.bytes_lost
+            next_offset += gap.bytes_lost
+            cursor = gap.first_available
+        if not chunks:
+            break
+        for chunk in chunks:
+            (frame,) = FrameDecoder().feed(chunk.frame)
+            assert (frame.meta["seq"], frame.meta["offset"]) == (cursor, next_offset)
+            assert frame.payload == expected[chunk.offset : chunk.offset + chunk.size]
+            cursor += 1
+            next_offset += chunk.size
+            received += chunk.size
+    assert lost > 0 and received + lost == log.total_bytes == len(expected)
+    assert received >= 8 * 4096  # what came after the cut, in its next segment
+    assert log.storage == "disk"
+    log.close()

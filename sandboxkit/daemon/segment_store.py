@@ -21,7 +21,9 @@ would cost a descriptor per segment, kept for its life). So:
   check are paid once per block, not once per reader.
 * Every frame's index record carries the CRC-32 of the frame and of the record itself
   (in the index, not in the frames file: the frames file stays exactly the bytes a
-  client gets, for a future ``sendfile`` path, issue 22). A record or frame that is
+  client gets, for a future ``sendfile`` path, issue 22; such a path sends bytes the
+  daemon never sees, so it is only sound where no one else can reach the files: with
+  isolation). A record or frame that is
   missing, short or fails its check makes the store raise :class:`SegmentDamaged`; the
   log then gives up that segment and everything older, which readers see as an exact
   gap, like any eviction: never a crash, never a malformed frame.
