@@ -107,8 +107,10 @@ def _frame_crc(head: bytes | memoryview, data: bytes | memoryview) -> int:
 
 
 _BLOCK_BYTES = 256 * 1024
-"""A read from disk copies at least this many bytes of frames (more if its reader asks
-for more), checked once and shared by the readers that come by (:class:`_Blocks`)."""
+"""A read from disk copies about this many bytes of payload at a time (a chunk more, or
+one larger chunk), checked once and shared by the readers that come by (:class:`_Blocks`);
+a reader that asks for more takes several blocks. Small enough that a sender holding
+chunks pins little memory, large enough that a syscall is a small part of the copy."""
 
 
 class SegmentDamaged(OSError):
@@ -179,7 +181,9 @@ class _Block:
     first_seq: int
     records: list[Record]
     frames: memoryview
-    """Their frames, from file position ``records[0][0]`` on (immutable ``bytes``)."""
+    """Their frames, from file position ``records[0][0]`` on."""
+    buffer: bytearray
+    """What ``frames`` is a view of: written again only once no view of it is left."""
     size: int = field(default=0)
 
     @property
@@ -407,10 +411,13 @@ class SegmentStore:
         start = (seq - segment.first_seq) * INDEX_RECORD
         return _pread(self._path(segment, ".index"), (end - seq) * INDEX_RECORD, start)
 
-    def _records(self, segment: Segment, seq: int, raw: bytes) -> list[Record]:
+    def _records(self, segment: Segment, seq: int, raw: bytes, payload: int = 0) -> list[Record]:
         """The records in ``raw`` (chunks ``seq ..``) up to the first that fails its
-        check or does not follow from the one before."""
+        check or does not follow from the one before, and (with ``payload``) no more than
+        it takes to hold that many payload bytes (checked as they are taken: a reader
+        uses a few of the many a read may cover)."""
         records: list[Record] = []
+        held = 0
         names = len(self._stream_names)
         position = 0 if seq == segment.first_seq else -1
         offset = segment.first_offset if seq == segment.first_seq else -1
@@ -429,6 +436,9 @@ class SegmentStore:
                 break
             records.append(record)
             position, offset = pos + head + size, off + size
+            held += size
+            if payload and held >= payload:
+                break
         return records
 
     def record(self, seq: int) -> Record | None:
@@ -459,30 +469,25 @@ class SegmentStore:
                 return forgotten[i + 1]
         return None
 
-    def _load(self, segment: Segment, cursor: int, stop: int, max_bytes: int) -> _Block:
+    def _load(self, segment: Segment, cursor: int, stop: int) -> _Block:
         """Copy chunks ``cursor ..`` of ``segment`` out of its files and check them
         (raises :class:`SegmentDamaged` if chunk ``cursor`` fails)."""
         end = min(segment.end_seq, stop, cursor + READ_RECORDS)
-        records = self._records(segment, cursor, self._index(segment, cursor, end))
-        want = max(max_bytes, _BLOCK_BYTES)
-        payload = 0
-        for i, record in enumerate(records):
-            payload += record[3]
-            if i and payload > want:
-                del records[i:]
-                break
+        raw = self._index(segment, cursor, end)
+        records = self._records(segment, cursor, raw, _BLOCK_BYTES)
         if not records:
             raise SegmentDamaged(segment, f"index record of chunk {cursor}")
         start = records[0][0]
         last = records[-1]
-        data = _pread(self._path(segment, ".frames"), last[0] + last[4] + last[3] - start, start)
-        frames = memoryview(data)
+        length = last[0] + last[4] + last[3] - start
+        buffer = _BLOCKS.buffer(length)
+        frames = _pread_into(self._path(segment, ".frames"), buffer, length, start)
         good = 0
         for pos, _off, _ts, size, head, _stream, crc, _ in records:
             at = pos - start
             if (
-                at + head + size > len(data)
-                or _FRAME_HEADER.unpack_from(data, at)
+                at + head + size > len(frames)
+                or _FRAME_HEADER.unpack_from(frames, at)
                 != (FrameKind.DATA, head - _FRAME_HEADER.size, size)
                 or _frame_crc(frames[at : at + head], frames[at + head : at + head + size]) != crc
             ):
@@ -491,7 +496,7 @@ class SegmentStore:
         if not good:
             raise SegmentDamaged(segment, f"frame of chunk {cursor}")
         del records[good:]
-        block = _Block(self, cursor, records, frames, len(data))
+        block = _Block(self, cursor, records, frames, buffer, len(buffer))
         _BLOCKS.add(block)
         return block
 
@@ -526,7 +531,7 @@ class SegmentStore:
                 if segment is None:
                     break
                 try:
-                    block = self._load(segment, cursor, stop, max_bytes)
+                    block = self._load(segment, cursor, stop)
                 except SegmentDamaged:
                     if chunks:
                         return size  # what came before is intact; the next read says
@@ -559,6 +564,28 @@ class _Blocks:
         self._lru: OrderedDict[int, _Block] = OrderedDict()
         self._size = 0
         self._limit = limit
+        # Buffers of blocks let go of, to read into again: a fresh 256 KiB for every
+        # read was fresh pages to fault in. One is taken only once nothing holds a view
+        # of it (a sender's chunks), which Python tracks for us: a bytearray with views
+        # out cannot be resized (BufferError).
+        self._free: deque[bytearray] = deque()
+
+    def buffer(self, size: int) -> bytearray:
+        """A buffer of at least ``size`` bytes that no one holds a view of."""
+        free = self._free
+        for _ in range(len(free)):
+            buffer = free.popleft()
+            try:
+                if len(buffer) < size:
+                    buffer.extend(bytes(size - len(buffer)))
+                else:  # (resizing is refused while views are out: a probe)
+                    buffer.append(0)
+                    del buffer[-1]
+            except BufferError:
+                free.append(buffer)
+                continue
+            return buffer
+        return bytearray(max(size, _BLOCK_BYTES + (_BLOCK_BYTES >> 2)))
 
     def add(self, block: _Block) -> None:
         block.store._blocks.append(block)
@@ -578,11 +605,14 @@ class _Blocks:
     def _forget(self, block: _Block) -> None:
         if self._lru.pop(id(block), None) is not None:
             self._size -= block.size
+            if len(self._free) < _FREE_BUFFERS:
+                self._free.append(block.buffer)
         with contextlib.suppress(ValueError):
             block.store._blocks.remove(block)
 
 
 _BLOCKS_LIMIT = 8 << 20
+_FREE_BUFFERS = 16
 _BLOCKS = _Blocks(_BLOCKS_LIMIT)
 
 
@@ -682,6 +712,20 @@ def _unlink(path: str) -> None:
     _READERS.forget(path)
     with contextlib.suppress(OSError):
         os.unlink(path)
+
+
+def _pread_into(path: str, buffer: bytearray, size: int, offset: int) -> memoryview:
+    """Read ``size`` bytes of ``path`` at ``offset`` into ``buffer``; a view of what was
+    read (shorter if the file is shorter now)."""
+    fd = _READERS.fd(path)
+    view = memoryview(buffer)[:size]
+    got = 0
+    while got < len(view):
+        n = os.preadv(fd, [view[got:]], offset + got)
+        if not n:
+            break
+        got += n
+    return view[:got]
 
 
 def _pread(path: str, size: int, offset: int) -> bytes:
