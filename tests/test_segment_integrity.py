@@ -335,3 +335,25 @@ def test_the_segment_being_written_cut_under_the_producer_is_a_gap_and_the_log_g
     assert received >= 8 * 4096  # what came after the cut, in its next segment
     assert log.storage == "disk"
     log.close()
+
+
+def test_a_buffer_read_into_again_never_changes_chunks_a_reader_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reads from disk go into reused buffers; one is read into again only once nothing
+    holds a view of it. A reader holding chunks (not sent yet) while other readers push
+    its block out of the few kept keeps its bytes."""
+    monkeypatch.setattr(segment_store, "_BLOCKS", segment_store._Blocks(64 * 1024))
+    monkeypatch.setattr(segment_store, "_BLOCK_BYTES", 16 * 1024)
+    log = OutputLog(1 << 22, directory=tmp_path / "log", cache_bytes=4096, segment_bytes=1 << 16)
+    for i in range(256):
+        log.append("stdout", bytes([i]) * 4096)
+    _, held = log.read(0, 16 * 1024)
+    assert [c.seq for c in held] == [0, 1, 2, 3]
+    for start in range(4, 250, 4):  # other readers: every block goes, buffers come back
+        _, chunks = log.read(start, 16 * 1024)
+        assert [bytes(c.data) for c in chunks] == [bytes([c.seq]) * 4096 for c in chunks]
+        del chunks
+    assert [bytes(c.data) for c in held] == [bytes([i]) * 4096 for i in range(4)]
+    assert [c.seq for c in log.read(0, 16 * 1024)[1]] == [0, 1, 2, 3]  # read again: same
+    log.close()
