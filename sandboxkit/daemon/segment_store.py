@@ -611,8 +611,11 @@ class _Blocks:
             block.store._blocks.remove(block)
 
 
-_BLOCKS_LIMIT = 8 << 20
-_FREE_BUFFERS = 16
+_BLOCKS_LIMIT = 4 << 20
+_FREE_BUFFERS = 8
+# What reading back costs the daemon's own memory once its readers have gone: at most the
+# blocks kept and the spare buffers, ~6.5 MiB in all whatever the number of logs (chunks
+# a sender still holds keep their block's buffer on top, as long as they are held).
 _BLOCKS = _Blocks(_BLOCKS_LIMIT)
 
 
