@@ -41,9 +41,10 @@ OnDegraded = Callable[[str, OSError], None]
 ``disk_error`` (the disk refused: the log goes on in memory) or ``segment_damaged`` (a
 segment no longer held what was written: it and older output are given up)."""
 
-_READ_ENDS = 1024
-"""Where the last reads ended (seq, offset), remembered so that a reader coming back
-there gets an exact gap even when the index that says where its cursor is was damaged."""
+_READ_ENDS = 128
+"""Where the last reads of a log on disk ended (seq, offset: ~100 bytes each), remembered
+so that a reader coming back there gets an exact gap even when the index that says where
+its cursor is was the damaged part."""
 
 
 class Chunk(NamedTuple):
@@ -595,7 +596,8 @@ class OutputLog:
             index += 1
         if chunks:
             self._read_horizon = max(self._read_horizon, chunks[-1].seq + 1)
-            self._read_ended(chunks[-1])
+            if self._store is not None:
+                self._read_ended(chunks[-1])
         return gap, chunks
 
     def _read_ended(self, last: Chunk) -> None:
