@@ -48,6 +48,12 @@ class ProcessInfo:
     timeout: float | None = None
     """The deadline it was started with (``None``: none, F10)."""
     tag: str | None = None
+    log_storage: str | None = None
+    """Where the daemon keeps this process's output: ``disk``, or ``memory`` once the disk
+    refused a write (the ``process.log_degraded`` event says why); ``None`` where the
+    backend does not say."""
+    log_retention_bytes: int | None = None
+    """The output retention in force (smaller once the log fell back to memory)."""
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     """The daemon's JSON as received."""
 
@@ -72,6 +78,8 @@ class ProcessInfo:
             kill_reason=data.get("kill_reason"),
             timeout=spec.get("timeout"),
             tag=spec.get("tag"),
+            log_storage=data.get("log_storage"),
+            log_retention_bytes=data.get("log_retention_bytes"),
             raw=data,
         )
 

@@ -34,18 +34,20 @@ class DaemonConfig:
     """Where sandboxes get their working directories (default: a fresh temp dir)."""
     retention_bytes: int = 64 * 1024 * 1024
     """Output kept per process, on disk: in append-only segment files under the sandbox's
-    runtime directory (beside its working directory), removed with the process's result.
+    runtime directory (the daemon's own, out of the sandboxes' root), removed with the
+    process's result.
     The oldest output is evicted first, a segment (an eighth of this, at most 8 MiB) at a
     time. Each chunk is charged what it takes on disk (its payload, frame header and index
-    record, ~120 bytes beyond the payload), so this bounds disk whatever the write pattern:
+    record, ~130 bytes beyond the payload), so this bounds disk whatever the write pattern:
     for large writes it is about the payload kept, for 1-byte writes far less payload.
     (Beyond it, up to a sixteenth of it in the index of evicted output, for exact gap
     sizes, and one segment file kept for reuse.) Memory is ``output_cache_bytes``, not
     this: it can be raised to gigabytes."""
     output_cache_bytes: int = 8 * 1024 * 1024
     """Memory per process for its newest output (encoded frames), from which consumers that
-    keep up are served; those further behind read the segment files, mapped (views of the
-    page cache, no copy; the one being written is read with a copy).
+    keep up are served; those further behind read the segment files (checked copies,
+    shared by the readers at the same place: never a mapping, which a sandbox process
+    shrinking the file would turn into SIGBUS).
     What a process's output costs the daemon's memory, with some kB of bookkeeping (a
     process that wrote less holds less). 8 MiB, not 1: at full producer speed the
     consumers of a fast writer drain at their sockets' pace and fall several MiB behind

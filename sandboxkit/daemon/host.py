@@ -29,6 +29,7 @@ from sandboxkit.daemon.limits import LimitEnforcer
 from sandboxkit.daemon.process import ManagedProcess
 from sandboxkit.daemon.recovery import ROOT_PREFIX, claim_root, recover
 from sandboxkit.daemon.sandbox import ManagedSandbox, OnTimeout
+from sandboxkit.daemon.segment_store import remove_tree
 from sandboxkit.errors import InvalidArgument, SandboxNotFound, SandboxPaused
 from sandboxkit.lab_options import LabOptions
 from sandboxkit.limits import Limits
@@ -58,6 +59,12 @@ class Host:
         self.root.mkdir(parents=True, exist_ok=True)
         if self._own_root:
             claim_root(self.root)
+        # The daemon's own files for its sandboxes (their output logs), in a directory of
+        # its own (0700), not under the root: a sandbox's ``..`` is the root, and nothing
+        # it names from there may reach a file the daemon reads back. Marked like a root,
+        # so that a successor removes it if this daemon dies.
+        self.runtime_root = Path(tempfile.mkdtemp(prefix=ROOT_PREFIX + "run-"))
+        claim_root(self.runtime_root)
         self._housekeeper: asyncio.Task[None] | None = None
         self._streams: set[asyncio.Task[None]] = set()
         self.closing = False
@@ -106,6 +113,7 @@ class Host:
             await sandbox.release()
         if self._own_root:
             shutil.rmtree(self.root, ignore_errors=True)
+        await remove_tree(self.runtime_root)
 
     # -- sandboxes -------------------------------------------------------------------
 
@@ -152,6 +160,7 @@ class Host:
                 tree,
                 self.config,
                 self.journal,
+                runtime_dir=self.runtime_root / sandbox_id,
                 envs=envs,
                 timeout=timeout,
                 on_timeout=on_timeout,
@@ -195,7 +204,7 @@ class Host:
             home=workdir,
             tmp=tmpdir,
             etc=etc,
-            hide=hidden_defaults(self.root),
+            hide=hidden_defaults(self.root, self.runtime_root),
             internet=internet,
             hostname=sandbox_id,
             bwrap=bwrap,

@@ -277,10 +277,11 @@ def drop_prefix() -> tuple[str, ...]:
     return (sys.executable, "-I", "-S", "-c", drop)
 
 
-def hidden_defaults(root: Path) -> tuple[str, ...]:
-    """Host places of the daemon's own to hide besides :data:`_HIDDEN`: its runtime root,
-    its user's home, its runtime and temp directories, and its state file's directory."""
-    places = [str(root), os.path.expanduser("~"), tempfile.gettempdir()]
+def hidden_defaults(*roots: Path) -> tuple[str, ...]:
+    """Host places of the daemon's own to hide besides :data:`_HIDDEN`: its ``roots``
+    (sandboxes' directories, output logs), its user's home, its runtime and temp
+    directories, and its state file's directory."""
+    places = [*map(str, roots), os.path.expanduser("~"), tempfile.gettempdir()]
     for var in ("XDG_RUNTIME_DIR", "SANDBOXKIT_STATE_FILE"):
         value = os.environ.get(var)
         if value:

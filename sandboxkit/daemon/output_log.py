@@ -8,13 +8,20 @@ import os
 import sys
 import time
 from array import array
-from collections import deque
+from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from sandboxkit.daemon import heap
-from sandboxkit.daemon.segment_store import INDEX_RECORD, MAX_SEGMENT, SegmentStore
+from sandboxkit.daemon.segment_store import (
+    INDEX_RECORD,
+    MAX_SEGMENT,
+    Segment,
+    SegmentDamaged,
+    SegmentStore,
+)
 from sandboxkit.wire import FrameKind, encode_frame_head
 
 __all__ = [
@@ -22,8 +29,22 @@ __all__ = [
     "DEFAULT_CACHE_BYTES",
     "Chunk",
     "Gap",
+    "LogStorage",
+    "OnDegraded",
     "OutputLog",
 ]
+
+LogStorage = Literal["disk", "memory"]
+
+OnDegraded = Callable[[str, OSError], None]
+"""Told when the log loses output to the disk: ``(reason, error)``; ``reason`` is
+``disk_error`` (the disk refused: the log goes on in memory) or ``segment_damaged`` (a
+segment no longer held what was written: it and older output are given up)."""
+
+_READ_ENDS = 128
+"""Where the last reads of a log on disk ended (seq, offset: ~100 bytes each), remembered
+so that a reader coming back there gets an exact gap even when the index that says where
+its cursor is was the damaged part."""
 
 
 class Chunk(NamedTuple):
@@ -111,7 +132,10 @@ class OutputLog:
       The index (where each chunk is) is on disk too, in fixed-size records, so memory
       does not grow with the number of chunks. If the disk refuses a write (full), the
       log goes on in memory within ``cache_bytes``: what was on disk is then evicted,
-      which readers see as a gap, never as an error.
+      which readers see as a gap, never as an error; ``on_degraded`` is told, and
+      :attr:`storage` says ``memory`` from then on. A segment that no longer holds
+      what was written (shrunk, overwritten: see :mod:`~sandboxkit.daemon.segment_store`)
+      is given up with everything older, an exact gap too.
     * Without one, every retained chunk stays in memory and retention bounds memory
       (tests and tools that build a log by itself).
 
@@ -129,6 +153,7 @@ class OutputLog:
         directory: str | os.PathLike[str] | None = None,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
         segment_bytes: int | None = None,
+        on_degraded: OnDegraded | None = None,
     ) -> None:
         """``charge_overhead``: charge each chunk what it really costs, not just its
         payload, so that retention bounds the resource for any write pattern: in memory,
@@ -146,7 +171,10 @@ class OutputLog:
         ``directory``: keep the log on disk there (created if missing; the log owns it
         and :meth:`close` removes it), caching ``cache_bytes`` of the newest frames in
         memory; segment files of ``segment_bytes`` (default: an eighth of the retention,
-        at most 8 MiB). Without it, the log is kept in memory."""
+        at most 8 MiB). Without it, the log is kept in memory.
+
+        ``on_degraded``: called when output is lost to the disk (see :data:`OnDegraded`);
+        not for a directory that cannot be made at all (see :attr:`disk_error`)."""
         if retention_bytes <= 0:
             raise ValueError("retention_bytes must be positive")
         if cache_bytes <= 0:
@@ -183,6 +211,8 @@ class OutputLog:
         self.directory = Path(directory) if directory is not None else None
         self.disk_error: OSError | None = None
         """Why the log stopped writing to disk, if it did (then it goes on in memory)."""
+        self._on_degraded = on_degraded
+        self._read_ends: OrderedDict[int, int] = OrderedDict()
         # Chunks from this seq on live in memory only (every chunk, for a memory log).
         self._memory_from = 0
         # On disk: chunks ``head - 1`` and older are in the store once its ``written``
@@ -208,6 +238,18 @@ class OutputLog:
 
     def _on_disk_store(self) -> SegmentStore | None:
         return self._store if self._on_disk else None
+
+    @property
+    def storage(self) -> LogStorage:
+        """Where the log keeps its output: ``disk`` (segment files, the newest cached in
+        memory) or ``memory`` (no directory, or the disk refused)."""
+        return "disk" if self._store is not None and self._memory_from == sys.maxsize else "memory"
+
+    @property
+    def effective_retention(self) -> int:
+        """The retention in force: ``retention_bytes``, or the cache size once the
+        log fell back to memory."""
+        return self._limit
 
     # -- accounting ---------------------------------------------------------------------
 
@@ -346,6 +388,8 @@ class OutputLog:
         if not self._on_disk:
             return 0
         freed = self._cache_cost
+        if self._store is not None:
+            self._store.drop_copies()
         self._cache.clear()
         self._cache_first = self._head
         self._cache_cost = 0
@@ -413,21 +457,43 @@ class OutputLog:
         self._retained = sum(chunk.size for chunk in self._cache)
         self._cost = sum(self._charge(chunk) for chunk in self._cache)
         self._evict_from_memory()
+        if self._on_degraded is not None:
+            self._on_degraded("disk_error", exc)
 
     def _evict_segments(self) -> None:
         # Whole segments go, oldest first (see SegmentStore.evict_oldest).
         store = self._store
         assert store is not None
         while self._cost > self.retention_bytes and store.segments:
-            try:
-                segment = store.evict_oldest()
-            except OSError as exc:
-                self._to_memory(exc)
+            if not self._evict_oldest(store):
                 break
-            self._cost -= segment.cost
-            self._retained -= segment.payload
-            self._evicted_bytes += segment.payload
-            self._first_seq = segment.end_seq
+        self._drop_cached_before_first()
+
+    def _evict_oldest(self, store: SegmentStore) -> bool:
+        try:
+            segment = store.evict_oldest()
+        except OSError as exc:
+            self._to_memory(exc)
+            return False
+        self._cost -= segment.cost
+        self._retained -= segment.payload
+        self._evicted_bytes += segment.payload
+        self._first_seq = segment.end_seq
+        return True
+
+    def _give_up(self, damaged: Segment, exc: SegmentDamaged) -> None:
+        """A segment no longer holds what was written: evict it and every older one,
+        like retention would (readers get an exact gap), and go on."""
+        store = self._store
+        assert store is not None
+        while store.segments and store.segments[0].first_seq <= damaged.first_seq:
+            if not self._evict_oldest(store):
+                return
+        self._drop_cached_before_first()
+        if self._on_degraded is not None:
+            self._on_degraded("segment_damaged", exc)
+
+    def _drop_cached_before_first(self) -> None:
         while self._cache and self._cache[0].seq < self._first_seq:
             old = self._cache.popleft()
             self._cache_cost -= old.frame_size + CHUNK_OVERHEAD
@@ -480,6 +546,9 @@ class OutputLog:
             index = seq - (self._first_seq - len(self._evicted_offsets))
             if index >= 0 or self._store is None:
                 return self._evicted_offsets[index] if index >= 0 else 0
+        end = self._read_ends.get(seq)
+        if end is not None:  # (exact, whatever became of the index on disk)
+            return end
         store = self._store_at(seq)
         offset = store.offset_of(seq) if store is not None else None
         return offset or 0
@@ -501,6 +570,11 @@ class OutputLog:
         if cursor < self._cache_first and self._store is not None:
             try:
                 size = self._store.read(cursor, self._cache_first, max_bytes, chunks, size, Chunk)
+            except SegmentDamaged as exc:
+                # Not what was written (shrunk, overwritten): that segment and the older
+                # ones are lost, and said so with an exact gap.
+                self._give_up(exc.segment, exc)
+                return self.read(asked, max_bytes)
             except OSError as exc:
                 # Unreadable (a file removed under the daemon, an I/O error): what is on
                 # disk is lost, and said so with a gap, never an exception to the reader.
@@ -508,6 +582,7 @@ class OutputLog:
                 return self.read(asked, max_bytes)
             if chunks and chunks[-1].seq + 1 < self._cache_first:
                 self._read_horizon = max(self._read_horizon, chunks[-1].seq + 1)
+                self._read_ended(chunks[-1])
                 return gap, chunks
             cursor += len(chunks)
         index = cursor - self._cache_first
@@ -521,7 +596,15 @@ class OutputLog:
             index += 1
         if chunks:
             self._read_horizon = max(self._read_horizon, chunks[-1].seq + 1)
+            if self._store is not None:
+                self._read_ended(chunks[-1])
         return gap, chunks
+
+    def _read_ended(self, last: Chunk) -> None:
+        ends = self._read_ends
+        ends[last.seq + 1] = last.offset + last.size
+        if len(ends) > _READ_ENDS:
+            ends.popitem(last=False)
 
     async def wait(self, cursor: int, timeout: float | None) -> bool:
         """Wait until chunk ``cursor`` exists or the log ends; ``False`` on timeout."""

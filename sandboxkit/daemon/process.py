@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import os
 import pty
@@ -270,6 +271,7 @@ class ManagedProcess:
             coalesce=_COALESCE_UNREAD,
             directory=log_dir,
             cache_bytes=config.output_cache_bytes,
+            on_degraded=self._log_degraded,
         )
         self.fanout: Fanout = fanout(self.log)
         self.pid = -1
@@ -384,6 +386,8 @@ class ManagedProcess:
         await asyncio.to_thread(freezer.add, self.pid, self.launch)
         self._freezer = freezer
         self.started_at = time.time()
+        if self.log.disk_error is not None:  # its directory could not even be made
+            self._log_degraded("disk_error", self.log.disk_error)
         self._own(self._watch_exit(capture, pty_reader))
         if self.spec.timeout is not None:
             self._own(self._deadline(self.spec.timeout))
@@ -611,8 +615,24 @@ class ManagedProcess:
         """Process and sandbox state, as keepalive frames carry them."""
         return {"process_state": self.state, "sandbox_state": self._sandbox_state()}
 
+    def _log_degraded(self, reason: str, error: OSError) -> None:
+        # Output lost to the disk is visible: an event, and the log's fields in to_json.
+        self.journal.record(
+            "process.log_degraded",
+            sandbox_id=self.sandbox_id,
+            pid=self.pid,
+            reason=reason,
+            errno=errno.errorcode.get(error.errno or 0),
+            error=str(error),
+            storage=self.log.storage,
+            retention_bytes=self.log.effective_retention,
+            first_seq=self.log.first_seq,
+            evicted_bytes=self.log.evicted_bytes,
+        )
+
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready description."""
+        log_error = self.log.disk_error
         return {
             "pid": self.pid,
             "sandbox_id": self.sandbox_id,
@@ -628,6 +648,9 @@ class ManagedProcess:
             "first_seq": self.log.first_seq,
             "total_bytes": self.log.total_bytes,
             "evicted_bytes": self.log.evicted_bytes,
+            "log_storage": self.log.storage,
+            "log_retention_bytes": self.log.effective_retention,
+            "log_error": None if log_error is None else str(log_error),
             "consumers": sum(1 for c in self.consumers.values() if c.closed_at is None),
             "stdin_buffered": self.stdin_buffered,
             "stdin_limit": self.config.stdin_buffer,

@@ -49,6 +49,7 @@ class ManagedSandbox:
         config: DaemonConfig,
         journal: EventJournal,
         *,
+        runtime_dir: Path,
         envs: dict[str, str] | None = None,
         timeout: float | None = None,
         on_timeout: OnTimeout = "pause",
@@ -84,13 +85,15 @@ class ManagedSandbox:
         self.processes: dict[int, ManagedProcess] = {}
         self.evicted: deque[int] = deque(maxlen=10_000)
         self.plan = plan
-        self.isolation_reason = isolation_reason
         """How its processes are isolated (``None``: they are not, ``isolation="none"``)."""
+        self.isolation_reason = isolation_reason
+        """Why ``isolation`` is ``none``, when it is."""
         self.limits = limits
         """Its resource limits and how each holds (``None``: none were asked for)."""
-        self.runtime_dir = workdir.with_name(workdir.name + ".run")
-        """The daemon's files for this sandbox, beside (not in) its working directory:
-        its processes' output logs. Removed by :meth:`release`."""
+        self.runtime_dir = runtime_dir
+        """The daemon's files for this sandbox: its processes' output logs, in the host's
+        own directory, out of the sandboxes' root (which a sandbox names as ``..``).
+        Removed by :meth:`release`."""
         self.tmpdir = tmpdir or workdir.with_name(workdir.name + ".tmp")
         """The sandbox's private temporary directory, what its processes and the files
         APIs see as ``/tmp`` (:mod:`~sandboxkit.daemon.sandbox_paths`): made with the

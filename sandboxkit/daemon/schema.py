@@ -210,6 +210,15 @@ class ProcessInfo(Struct):
     first_seq: int
     total_bytes: int
     evicted_bytes: int
+    log_storage: Literal["disk", "memory"]
+    """Where the output log is kept: ``disk`` (segment files, the newest output cached in
+    memory), or ``memory`` (the disk refused: see ``log_error`` and the
+    ``process.log_degraded`` event)."""
+    log_retention_bytes: int
+    """The retention in force: the daemon's ``retention_bytes``, or its output cache size
+    once the log fell back to memory."""
+    log_error: str | None
+    """Why the log stopped writing to disk, if it did."""
     consumers: int
     stdin_buffered: int
     """Stdin bytes waiting in the daemon for the process to read them."""

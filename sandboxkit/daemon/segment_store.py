@@ -5,34 +5,72 @@ The log (:mod:`sandboxkit.daemon.output_log`) decides what is retained and what 
 in memory; this module only stores frames and finds them again. Every method that touches
 the disk raises :class:`OSError` when the disk refuses; the log then goes on in memory
 (:meth:`SegmentStore.abandon`).
+
+Everything on disk is untrusted. The files live in the daemon's own runtime directory,
+not beside a sandbox's working directory, but a process running as the daemon's user
+can still find them and write, shrink or replace them at any moment (without the
+namespaces of ``docs/isolation.md`` nothing hides a path from the same user; files
+unlinked after opening would still be reachable through ``/proc/<daemon>/fd``, and
+would cost a descriptor per segment, kept for its life). So:
+
+* Nothing is read through a mapping. A mapped page past a file's new end, once someone
+  shrinks it, kills the daemon with ``SIGBUS`` wherever Python touches it (a sender
+  joining a frame), and bytes checked in a shared mapping can change after the check.
+  Reads copy with ``pread`` into private memory, where neither can happen, and readers
+  at the same place share one verified copy (:class:`_Blocks`), so the copy and its
+  check are paid once per block, not once per reader.
+* Every frame's index record carries the CRC-32 of the frame and of the record itself
+  (in the index, not in the frames file: the frames file stays exactly the bytes a
+  client gets, for a future ``sendfile`` path, issue 22; such a path sends bytes the
+  daemon never sees, so it is only sound where no one else can reach the files: with
+  isolation). A record or frame that is
+  missing, short or fails its check makes the store raise :class:`SegmentDamaged`; the
+  log then gives up that segment and everything older, which readers see as an exact
+  gap, like any eviction: never a crash, never a malformed frame.
+* Files are opened with ``O_NOFOLLOW | O_NONBLOCK`` and must be regular files (a FIFO
+  put in a segment's place would otherwise block the event loop, a symlink redirect a
+  write); new ones with ``O_EXCL``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import mmap
+import errno
+import importlib
 import os
 import shutil
+import stat
 import struct
+import zlib
 from array import array
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Protocol, TypeVar, cast
 
-__all__ = ["INDEX_RECORD", "Segment", "SegmentStore", "remove_tree"]
+from sandboxkit.wire import FrameKind
+
+__all__ = ["INDEX_RECORD", "Segment", "SegmentDamaged", "SegmentStore", "remove_tree"]
 
 # One index record per chunk, in the segment's ``.index`` file at ``(seq - first) * size``:
 # where its frame starts in the ``.frames`` file, its byte offset, time, payload size,
-# head length and stream. Fixed-size, so chunk ``seq`` is found without a search, and the
-# index costs no memory: the page cache holds what is read often.
-_RECORD = struct.Struct("<QqdQHB")
+# head length and stream, the CRC-32 of its frame, and the CRC-32 of the record itself
+# (its fields, started from the chunk's seq: a record copied to another place fails).
+# Fixed-size, so chunk ``seq`` is found without a search, and the index costs no memory:
+# the page cache holds what is read often.
+_FIELDS = struct.Struct("<QqdQHBI")
+_CRC = struct.Struct("<I")
+_RECORD = struct.Struct("<QqdQHBII")
 
 INDEX_RECORD = _RECORD.size
 """Bytes of index on disk per chunk (charged to retention with the frame)."""
+
+_FRAME_HEADER = struct.Struct("!BII")
+"""The fixed start of every frame (:func:`sandboxkit.wire.encode_frame_head`): kind, meta
+length, payload length; checked on each frame read back, besides its CRC."""
 
 _FLUSH_BYTES = 256 * 1024
 """Frames are written in batches of about this many bytes (one syscall for many chunks)."""
@@ -43,9 +81,45 @@ runs on the event loop; 512 tiny chunks take about a millisecond."""
 
 MAX_SEGMENT = 8 << 20
 """Largest segment file; retention is given back a segment at a time. No larger than the
-daemon's default output cache: readers behind the cache then read sealed segments, which
-are mapped, rather than the one being written, which is read with a copy (64 MiB segments
-made most reads of a large retention copies: P7 of benchmarks/compare.py)."""
+daemon's default output cache, so that readers behind the cache mostly read segments
+nothing is written to any more."""
+
+
+def _payload_crc32() -> Callable[[bytes | memoryview, int], int]:
+    # ISA-L's CRC-32 (``sandboxkit[fast]``) is the same checksum as zlib's, computed with
+    # carry-less multiplication: ~28 GB/s against zlib's ~3 on this project's machine, so
+    # checking every byte written costs the producer ~0.04 CPU-s per GB instead of ~0.3.
+    try:
+        module = importlib.import_module("isal.isal_zlib")
+    except ImportError:
+        return zlib.crc32
+    return cast("Callable[[bytes | memoryview, int], int]", module.crc32)
+
+
+_payload_crc = _payload_crc32()
+
+
+def _frame_crc(head: bytes | memoryview, data: bytes | memoryview) -> int:
+    """The CRC-32 of a frame: its head, then its payload (zlib for what is small: ISA-L
+    costs more per call)."""
+    crc = zlib.crc32(head)
+    return _payload_crc(data, crc) if len(data) > 1024 else zlib.crc32(data, crc)
+
+
+_BLOCK_BYTES = 256 * 1024
+"""A read from disk copies about this many bytes of payload at a time (a chunk more, or
+one larger chunk), checked once and shared by the readers that come by (:class:`_Blocks`);
+a reader that asks for more takes several blocks. Small enough that a sender holding
+chunks pins little memory, large enough that a syscall is a small part of the copy."""
+
+
+class SegmentDamaged(OSError):
+    """A segment's files no longer hold what was written to them: shrunk, overwritten,
+    zeroed or replaced (by a process running as the daemon's user, or the disk)."""
+
+    def __init__(self, segment: Segment, why: str) -> None:
+        super().__init__(f"segment {segment.number} damaged: {why}")
+        self.segment = segment
 
 
 class StoredChunk(Protocol):
@@ -71,7 +145,7 @@ C = TypeVar("C")
 
 MakeChunk = Callable[[int, str, int, float, int, memoryview, memoryview], C]
 """Builds a chunk read back: ``(seq, stream, offset, ts, size, head, data)``; ``head`` and
-``data`` are views into the one buffer a read returns (slicing them out as ``bytes``
+``data`` are views into the one private copy a read made (slicing them out as ``bytes``
 copied every byte a second time: up to a quarter of the daemon's CPU when many readers
 are behind the cache, benchmarks/compare.py P7)."""
 
@@ -95,6 +169,28 @@ class Segment:
         return self.first_seq + self.count
 
 
+Record = tuple[int, int, float, int, int, int, int, int]
+"""An index record: ``(position, offset, ts, size, head, stream, frame CRC, record CRC)``."""
+
+
+@dataclass(slots=True, eq=False)
+class _Block:
+    """Chunks ``first_seq ..`` of one segment, copied out of its files and checked."""
+
+    store: SegmentStore
+    first_seq: int
+    records: list[Record]
+    frames: memoryview
+    """Their frames, from file position ``records[0][0]`` on."""
+    buffer: bytearray
+    """What ``frames`` is a view of: written again only once no view of it is left."""
+    size: int = field(default=0)
+
+    @property
+    def end_seq(self) -> int:
+        return self.first_seq + len(self.records)
+
+
 class SegmentStore:
     """The segments of one log, in ``directory`` (created here; :meth:`close` removes it).
 
@@ -106,7 +202,7 @@ class SegmentStore:
     """
 
     def __init__(self, directory: Path, *, segment_bytes: int, kept_limit: int) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.directory = directory
         self._prefix = os.path.join(directory, "")
         self._segment_bytes = segment_bytes
@@ -129,14 +225,18 @@ class SegmentStore:
         self._next_number = 0
         # An evicted segment's frames file, kept to be written over by the next segment:
         # overwriting pages the page cache holds costs half as much as writing new ones
-        # (measured), and spares an unlink.
+        # (measured), and spares an unlink. (Readers hold private copies, never the
+        # file's pages: writing over it changes nothing they hold.)
         self._spare: str | None = None
         self._abandoned = False
+        self._blocks: list[_Block] = []
+        """Copies read back recently (at most a few; see :class:`_Blocks`)."""
 
     @property
     def memory_bytes(self) -> int:
-        """What the store holds in memory (buffers and bookkeeping)."""
+        """What the store holds in memory (buffers, copies read back, bookkeeping)."""
         size = len(self._pending_index) + 8 * len(self._forgotten)
+        size += sum(block.size for block in self._blocks)
         return size + 120 * (len(self.segments) + len(self._kept))
 
     # -- writing --------------------------------------------------------------------------
@@ -153,9 +253,13 @@ class SegmentStore:
             stream = self._streams[chunk.stream] = len(self._stream_names)
             self._stream_names.append(chunk.stream)
         frame_size = len(chunk.head) + chunk.size
-        self._pending_index += _RECORD.pack(
-            segment.size, chunk.offset, chunk.ts, chunk.size, len(chunk.head), stream
+        # The checksums are of the daemon's own copy, before anything reaches the disk.
+        crc = _frame_crc(chunk.head, chunk.data)
+        fields = _FIELDS.pack(
+            segment.size, chunk.offset, chunk.ts, chunk.size, len(chunk.head), stream, crc
         )
+        self._pending_index += fields
+        self._pending_index += _CRC.pack(zlib.crc32(fields, chunk.seq & 0xFFFFFFFF))
         self._pending += (chunk.head, chunk.data)
         self._pending_size += frame_size
         segment.count += 1
@@ -171,18 +275,18 @@ class SegmentStore:
         self.close_files()
         segment = Segment(self._next_number, chunk.seq, chunk.offset)
         self._next_number += 1
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
+        create = os.O_WRONLY | os.O_CREAT | os.O_EXCL
         path = self._path(segment, ".frames")
         if self._spare is not None:
             # Written from its start; what is left of its old frames past the new ones is
             # never read (readers go by the index).
             os.rename(self._spare, path)
             self._spare = None
-            frames = os.open(path, flags & ~os.O_TRUNC, 0o600)
+            frames = _open(path, os.O_WRONLY)
         else:
-            frames = os.open(path, flags, 0o600)
+            frames = _open(path, create)
         try:
-            index = os.open(self._path(segment, ".index"), flags, 0o600)
+            index = _open(self._path(segment, ".index"), create)
         except BaseException:
             os.close(frames)
             raise
@@ -227,15 +331,14 @@ class SegmentStore:
                 raise
             self._drop_pending()
             self.close_files()
+        _BLOCKS.drop(self, before=segment.end_seq)
         self._retire(self._path(segment, ".frames"))
         self._keep_index(segment)
         return segment
 
     def _retire(self, frames: str) -> None:
-        # A file whose mapping still has views out is not written over: it is unlinked,
-        # and its pages stay readable until the last view goes.
-        unused = _READERS.forget(frames)
-        if unused and self._spare is None and not self._abandoned:
+        _READERS.forget(frames)
+        if self._spare is None and not self._abandoned:
             spare = self._prefix + "spare"
             with contextlib.suppress(OSError):
                 os.rename(frames, spare)
@@ -262,6 +365,7 @@ class SegmentStore:
         self._abandoned = True
         self.close_files()
         self._drop_pending()
+        _BLOCKS.drop(self)
         for segment in self.segments:
             _unlink(self._path(segment, ".frames"))
             self._keep_index(segment)
@@ -270,11 +374,16 @@ class SegmentStore:
             _unlink(self._spare)
             self._spare = None
 
+    def drop_copies(self) -> None:
+        """Let go of the copies read back (readers holding chunks keep theirs)."""
+        _BLOCKS.drop(self)
+
     def close(self) -> None:
         """Delete the files (large ones off the event loop) and forget everything."""
         self._abandoned = True
         self.close_files()
         self._drop_pending()
+        _BLOCKS.drop(self)
         on_disk = sum(segment.size for segment in self.segments)
         self.segments.clear()
         self._kept.clear()
@@ -294,54 +403,109 @@ class SegmentStore:
                     return segment
         return None
 
-    def record(self, seq: int) -> tuple[int, ...] | None:
+    def _index(self, segment: Segment, seq: int, end: int) -> bytes:
+        """The index records of chunks ``seq .. end - 1`` of ``segment`` as in its file
+        (fewer if the file is shorter than it should be)."""
+        if end > self.flushed:
+            self.flush()
+        start = (seq - segment.first_seq) * INDEX_RECORD
+        return _pread(self._path(segment, ".index"), (end - seq) * INDEX_RECORD, start)
+
+    def _records(self, segment: Segment, seq: int, raw: bytes, payload: int = 0) -> list[Record]:
+        """The records in ``raw`` (chunks ``seq ..``) up to the first that fails its
+        check or does not follow from the one before, and (with ``payload``) no more than
+        it takes to hold that many payload bytes (checked as they are taken: a reader
+        uses a few of the many a read may cover)."""
+        records: list[Record] = []
+        held = 0
+        names = len(self._stream_names)
+        position = 0 if seq == segment.first_seq else -1
+        offset = segment.first_offset if seq == segment.first_seq else -1
+        for record in _RECORD.iter_unpack(raw[: len(raw) - len(raw) % INDEX_RECORD]):
+            at = len(records) * INDEX_RECORD
+            checked = zlib.crc32(raw[at : at + _FIELDS.size], (seq + len(records)) & 0xFFFFFFFF)
+            pos, off, _ts, size, head, stream, _frame_crc, crc = record
+            if (
+                crc != checked
+                or (position >= 0 and pos != position)
+                or (offset >= 0 and off != offset)
+                or stream >= names
+                or head < _FRAME_HEADER.size
+                or pos + head + size > segment.size
+            ):
+                break
+            records.append(record)
+            position, offset = pos + head + size, off + size
+            held += size
+            if payload and held >= payload:
+                break
+        return records
+
+    def record(self, seq: int) -> Record | None:
         """The index record of chunk ``seq``, retained or evicted with its index kept
-        (``None`` if no segment has it): ``(position, offset, ts, size, head, stream)``."""
+        (``None`` if no segment has it or its record fails its check):
+        ``(position, offset, ts, size, head, stream, frame CRC, record CRC)``."""
         segment = self._segment_of(seq, kept=True)
         if segment is None:
             return None
         try:
-            return next(self._records(segment, seq, 1))
-        except (OSError, StopIteration):  # an index the disk refused to complete
+            records = self._records(segment, seq, self._index(segment, seq, seq + 1))
+        except OSError:  # an index the disk refused to complete
             return None
+        return records[0] if records else None
 
     def offset_of(self, seq: int) -> int | None:
-        """Byte offset of chunk ``seq`` from an index, or where the forgotten segment
-        holding it began (``None`` if the store never knew it)."""
-        record = self.record(seq)
-        if record is not None:
-            return int(record[1])
+        """Byte offset of chunk ``seq`` from an index, or where the segment holding it
+        began if its index cannot tell (``None`` if the store never knew it)."""
+        segment = self._segment_of(seq, kept=True)
+        if segment is not None:
+            if seq == segment.first_seq:
+                return segment.first_offset
+            record = self.record(seq)
+            return segment.first_offset if record is None else record[1]
         forgotten = self._forgotten
         for i in range(len(forgotten) - 2, -1, -2):
             if forgotten[i] <= seq:
                 return forgotten[i + 1]
         return None
 
-    def _sealed(self, segment: Segment) -> bool:
-        """Nothing more is written to ``segment``: every frame and record is in its files."""
-        return self._fds is None or segment is not self.segments[-1]
+    def _load(self, segment: Segment, cursor: int, stop: int) -> _Block:
+        """Copy chunks ``cursor ..`` of ``segment`` out of its files and check them
+        (raises :class:`SegmentDamaged` if chunk ``cursor`` fails)."""
+        end = min(segment.end_seq, stop, cursor + READ_RECORDS)
+        raw = self._index(segment, cursor, end)
+        records = self._records(segment, cursor, raw, _BLOCK_BYTES)
+        if not records:
+            raise SegmentDamaged(segment, f"index record of chunk {cursor}")
+        start = records[0][0]
+        last = records[-1]
+        length = last[0] + last[4] + last[3] - start
+        buffer = _BLOCKS.buffer(length)
+        frames = _pread_into(self._path(segment, ".frames"), buffer, length, start)
+        good = 0
+        for pos, _off, _ts, size, head, _stream, crc, _ in records:
+            at = pos - start
+            if (
+                at + head + size > len(frames)
+                or _FRAME_HEADER.unpack_from(frames, at)
+                != (FrameKind.DATA, head - _FRAME_HEADER.size, size)
+                or _frame_crc(frames[at : at + head], frames[at + head : at + head + size]) != crc
+            ):
+                break
+            good += 1
+        if not good:
+            raise SegmentDamaged(segment, f"frame of chunk {cursor}")
+        del records[good:]
+        block = _Block(self, cursor, records, frames, buffer, len(buffer))
+        _BLOCKS.add(block)
+        return block
 
-    def _records(self, segment: Segment, seq: int, count: int) -> Iterator[tuple[int, ...]]:
-        """Index records of chunks ``seq ..`` (at most ``count``) of ``segment``, unpacked
-        as they are taken (a reader takes a few of the many it may)."""
-        if seq + count > self.flushed:
-            self.flush()
-        start = (seq - segment.first_seq) * INDEX_RECORD
-        path = self._path(segment, ".index")
-        total = segment.count * INDEX_RECORD
-        return _RECORD.iter_unpack(
-            self._bytes(segment, path, total, start, start + count * INDEX_RECORD)
-        )
-
-    def _bytes(self, segment: Segment, path: str, total: int, start: int, stop: int) -> memoryview:
-        """Bytes ``start .. stop`` of one of ``segment``'s files (``total`` bytes long once
-        sealed): a view of its mapping if the segment is sealed, else — or where the file
-        cannot be mapped — a copy read with ``pread``."""
-        if self._sealed(segment) and total:
-            view = _READERS.mapped(path, total)
-            if view is not None:
-                return view[start:stop]
-        return memoryview(_pread(path, stop - start, start))
+    def _block_at(self, seq: int) -> _Block | None:
+        for block in reversed(self._blocks):
+            if block.first_seq <= seq < block.end_seq:
+                _BLOCKS.touch(block)
+                return block
+        return None
 
     def read(
         self,
@@ -355,37 +519,104 @@ class SegmentStore:
         """Append chunks ``cursor ..`` (before ``stop``) of the retained segments to
         ``chunks``, built by ``make``, while their payloads fit in ``max_bytes`` (at least
         one, at most :data:`READ_RECORDS` in ``chunks``); returns ``size`` plus the
-        payload bytes read."""
+        payload bytes read.
+
+        Raises :class:`SegmentDamaged` if chunk ``cursor`` cannot be read back as it was
+        written (only when ``chunks`` is empty: a read that has some stops before)."""
+        names = self._stream_names
         while cursor < stop and len(chunks) < READ_RECORDS:
-            segment = self._segment_of(cursor, kept=False)
-            if segment is None:
-                break
-            end = min(segment.end_seq, stop, cursor + READ_RECORDS - len(chunks))
-            records: list[tuple[int, ...]] = []
-            full = False
-            for record in self._records(segment, cursor, end - cursor):
-                if (chunks or records) and size + record[3] > max_bytes:
-                    full = True
+            block = self._block_at(cursor)
+            if block is None:
+                segment = self._segment_of(cursor, kept=False)
+                if segment is None:
                     break
-                size += record[3]
-                records.append(record)
-            if not records:
-                return size
-            start = records[0][0]
-            last = records[-1]
-            stop_at = last[0] + last[4] + last[3]
-            path = self._path(segment, ".frames")
-            frames = self._bytes(segment, path, segment.size, start, stop_at)
-            names = self._stream_names
-            for pos, offset, ts, payload, head_size, stream in records:
-                at = pos - start
+                try:
+                    block = self._load(segment, cursor, stop)
+                except SegmentDamaged:
+                    if chunks:
+                        return size  # what came before is intact; the next read says
+                    raise
+            records, frames = block.records, block.frames
+            base = records[0][0]
+            i = cursor - block.first_seq
+            while i < len(records) and cursor < stop and len(chunks) < READ_RECORDS:
+                pos, offset, ts, payload, head_size, stream, _, _ = records[i]
+                if chunks and size + payload > max_bytes:
+                    return size
+                at = pos - base
                 head = frames[at : at + head_size]
                 data = frames[at + head_size : at + head_size + payload]
                 chunks.append(make(cursor, names[stream], offset, ts, payload, head, data))
+                size += payload
                 cursor += 1
-            if full:
-                break
+                i += 1
         return size
+
+
+class _Blocks:
+    """The copies read back, shared by every store of the daemon: the most recently used,
+    up to :data:`_BLOCKS_LIMIT` bytes in all. Readers behind a log's cache mostly read the
+    same stretch one after the other (a burst of output they all follow), so each block
+    is copied and checked once for all of them, not once per reader. A block a reader
+    still holds chunks of stays alive with them, whatever this cache does."""
+
+    def __init__(self, limit: int) -> None:
+        self._lru: OrderedDict[int, _Block] = OrderedDict()
+        self._size = 0
+        self._limit = limit
+        # Buffers of blocks let go of, to read into again: a fresh 256 KiB for every
+        # read was fresh pages to fault in. One is taken only once nothing holds a view
+        # of it (a sender's chunks), which Python tracks for us: a bytearray with views
+        # out cannot be resized (BufferError).
+        self._free: deque[bytearray] = deque()
+
+    def buffer(self, size: int) -> bytearray:
+        """A buffer of at least ``size`` bytes that no one holds a view of."""
+        free = self._free
+        for _ in range(len(free)):
+            buffer = free.popleft()
+            try:
+                if len(buffer) < size:
+                    buffer.extend(bytes(size - len(buffer)))
+                else:  # (resizing is refused while views are out: a probe)
+                    buffer.append(0)
+                    del buffer[-1]
+            except BufferError:
+                free.append(buffer)
+                continue
+            return buffer
+        return bytearray(max(size, _BLOCK_BYTES + (_BLOCK_BYTES >> 2)))
+
+    def add(self, block: _Block) -> None:
+        block.store._blocks.append(block)
+        self._lru[id(block)] = block
+        self._size += block.size
+        while self._size > self._limit and len(self._lru) > 1:
+            self._forget(next(iter(self._lru.values())))
+
+    def touch(self, block: _Block) -> None:
+        self._lru.move_to_end(id(block))
+
+    def drop(self, store: SegmentStore, before: int | None = None) -> None:
+        for block in list(store._blocks):
+            if before is None or block.end_seq <= before:
+                self._forget(block)
+
+    def _forget(self, block: _Block) -> None:
+        if self._lru.pop(id(block), None) is not None:
+            self._size -= block.size
+            if len(self._free) < _FREE_BUFFERS:
+                self._free.append(block.buffer)
+        with contextlib.suppress(ValueError):
+            block.store._blocks.remove(block)
+
+
+_BLOCKS_LIMIT = 4 << 20
+_FREE_BUFFERS = 8
+# What reading back costs the daemon's own memory once its readers have gone: at most the
+# blocks kept and the spare buffers, ~6.5 MiB in all whatever the number of logs (chunks
+# a sender still holds keep their block's buffer on top, as long as they are held).
+_BLOCKS = _Blocks(_BLOCKS_LIMIT)
 
 
 _IOV_MAX = 1024
@@ -428,96 +659,55 @@ async def remove_tree(directory: str | os.PathLike[str]) -> None:
     await asyncio.wrap_future(_REMOVER.submit(shutil.rmtree, directory, True))
 
 
+_SAFE = getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK
+
+
+def _open(path: str, flags: int) -> int:
+    """Open one of the store's files: never through a symlink, never blocking (a FIFO),
+    and only if it is a regular file."""
+    fd = os.open(path, flags | _SAFE, 0o600)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 class _ReadFiles:
     """Files open for reading, shared by every store of the daemon: the most recently read
     :data:`_READ_FILES` of them, so a reader catching up does not open its segment for
     every batch (an open cost as much as the read), and a daemon with many logs does not
     run out of descriptors. Reads are of recent data (the page cache) and at most about a
-    send batch: fast enough for the event loop.
-
-    A sealed segment (nothing more is written to it) is read through a mapping instead,
-    the :data:`_MAPPED` most recently read of them: a reader gets views of the page cache,
-    and the only copy of its bytes is the one into the socket, as for a chunk in memory.
-    Reading with ``pread`` copied every byte once more for every reader behind the cache:
-    a quarter of the daemon's CPU with 16 readers (benchmarks/compare.py, P7). The pages
-    count in the daemon's RSS while mapped (as file pages: the kernel may drop them)."""
+    send batch: fast enough for the event loop."""
 
     def __init__(self) -> None:
         self._fds: OrderedDict[str, int] = OrderedDict()
-        self._maps: OrderedDict[str, mmap.mmap] = OrderedDict()
-        self._held: list[tuple[str, mmap.mmap]] = []
-        """Mappings let go of while views of them were still out (a sender's chunks), kept
-        track of until they close: their files must not be written over before."""
 
     def fd(self, path: str) -> int:
         fd = self._fds.get(path)
         if fd is not None:
             self._fds.move_to_end(path)
             return fd
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        fd = _open(path, os.O_RDONLY)
         self._fds[path] = fd
         if len(self._fds) > _READ_FILES:
             os.close(self._fds.popitem(last=False)[1])
         return fd
 
-    def mapped(self, path: str, size: int) -> memoryview | None:
-        """The first ``size`` bytes of the sealed file ``path``, mapped; ``None`` if it
-        cannot be (a file system without ``mmap``, a file shorter than that)."""
-        mapping = self._maps.get(path)
-        if mapping is None or len(mapping) < size:
-            if mapping is not None:
-                self._let_go(path, self._maps.pop(path))
-            self._held = [(p, held) for p, held in self._held if not _unmap(held)]
-            # Not populated up front (MAP_POPULATE): readers of many logs taking turns
-            # would map whole segments over and over to read a batch of each.
-            try:
-                with open(path, "rb") as file:
-                    mapping = mmap.mmap(file.fileno(), size, prot=mmap.PROT_READ)
-            except (OSError, ValueError):
-                return None
-            self._maps[path] = mapping
-            if len(self._maps) > _MAPPED:
-                self._let_go(*self._maps.popitem(last=False))
-        else:
-            self._maps.move_to_end(path)
-        return memoryview(mapping)[:size]
-
-    def forget(self, path: str) -> bool:
-        """``path`` is about to be removed or renamed; ``False`` if views of its mapping
-        are still in use (senders hold them): its pages must not be written over."""
+    def forget(self, path: str) -> None:
+        """``path`` is about to be removed or renamed."""
         fd = self._fds.pop(path, None)
         if fd is not None:
             os.close(fd)
-        mappings = [m for p, m in self._held if p == path]
-        self._held = [(p, m) for p, m in self._held if p != path]
-        mapping = self._maps.pop(path, None)
-        if mapping is not None:
-            mappings.append(mapping)
-        # (One that cannot close goes when its last view does.)
-        return all([_unmap(m) for m in mappings])
 
     def forget_all(self, prefix: str) -> None:
-        paths = {*self._fds, *self._maps, *(p for p, _ in self._held)}
-        for path in [p for p in paths if p.startswith(prefix)]:
+        for path in [p for p in self._fds if p.startswith(prefix)]:
             self.forget(path)
-
-    def _let_go(self, path: str, mapping: mmap.mmap) -> None:
-        if not _unmap(mapping):
-            self._held.append((path, mapping))
-
-
-def _unmap(mapping: mmap.mmap) -> bool:
-    # A mapping with views still out (a chunk a consumer has not sent yet) cannot be
-    # closed: it goes when its last view does.
-    try:
-        mapping.close()
-    except BufferError:
-        return False
-    return True
 
 
 _READ_FILES = 32
-_MAPPED = 16
 _READERS = _ReadFiles()
 
 
@@ -527,12 +717,27 @@ def _unlink(path: str) -> None:
         os.unlink(path)
 
 
+def _pread_into(path: str, buffer: bytearray, size: int, offset: int) -> memoryview:
+    """Read ``size`` bytes of ``path`` at ``offset`` into ``buffer``; a view of what was
+    read (shorter if the file is shorter now)."""
+    fd = _READERS.fd(path)
+    view = memoryview(buffer)[:size]
+    got = 0
+    while got < len(view):
+        n = os.preadv(fd, [view[got:]], offset + got)
+        if not n:
+            break
+        got += n
+    return view[:got]
+
+
 def _pread(path: str, size: int, offset: int) -> bytes:
+    """``size`` bytes at ``offset`` of ``path``, or fewer if the file is shorter now."""
     fd = _READERS.fd(path)
     data = os.pread(fd, size, offset)
     while len(data) < size:
         more = os.pread(fd, size - len(data), offset + len(data))
         if not more:
-            raise OSError(f"{path}: {size} bytes expected at {offset}, file too short")
+            break
         data += more
     return data
