@@ -276,15 +276,18 @@ class StdinSeqMismatch(SandboxkitError):
 
 
 class StdinBusy(Retriable):
-    """The process is not reading its stdin and ``buffered`` bytes already wait (the limit
-    is ``limit``): nothing was written. Retryable: send the same batch again later."""
+    """Nothing was written, for one of two reasons: the process is not reading its stdin
+    and ``buffered`` bytes already wait (the limit is ``limit`` bytes); or a new session
+    found ``sessions`` stdin sessions of the process all in use (the limit is ``limit``
+    sessions). Retryable: send the same batch again later."""
 
     code = "stdin_busy"
     status = 429
-    fields = ("pid", "buffered", "limit")
+    fields = ("pid", "buffered", "limit", "sessions")
     pid: int | None
     buffered: int | None
     limit: int | None
+    sessions: int | None
 
 
 class MalformedFrame(StreamInterrupted):

@@ -683,6 +683,7 @@ _SAMPLES: dict[str, Any] = {
     "expected": 2,
     "got": 5,
     "buffered": 2048,
+    "sessions": 7,
     "limit": 1024,
     "url": "http://127.0.0.1:1",
     "field": "timeout",

@@ -411,6 +411,11 @@ class _Api:
     async def write_stdin(self, request: Request) -> Response:
         body = await self._decode(request, StdinBatch)
         pid = _pid(request)
+        if body.end:
+            if body.data:
+                raise InvalidArgument("a batch that ends its session carries no data", field="data")
+            sandbox = await self.host.access(request.path_params["sid"])
+            return JsonResponse(sandbox.process(pid).end_stdin_session(body.session))
         sandbox = await self.host.access(request.path_params["sid"], needs_running=True)
         process = sandbox.process(pid)
         return JsonResponse(await process.write_stdin(body.session, body.seq, body.data))

@@ -96,9 +96,14 @@ class DaemonConfig:
     stdin_wait: float = 5.0
     """How long a stdin batch waits for room in the buffer before ``stdin_busy``."""
     stdin_session_ttl: float = 3600.0
-    """A stdin session unused this long is forgotten (its exactly-once window)."""
+    """A stdin session unused this long is forgotten (its exactly-once window). A session
+    whose writer ended it (every ``send_stdin`` does) is forgotten at once."""
     stdin_sessions: int = 100_000
-    """Live stdin sessions per process; past it new sessions get ``stdin_busy``."""
+    """Stdin sessions remembered per process. At the cap a new session evicts the least
+    recently used one idle past ``stdin_session_grace``; if none is, it gets ``stdin_busy``."""
+    stdin_session_grace: float = 30.0
+    """A stdin session used within this many seconds is never evicted to make room (a
+    writer resending after a reconnect within it is never applied twice)."""
     event_loop: str = field(default_factory=lambda: os.environ.get("SANDBOXKIT_EVENT_LOOP", "auto"))
     """``auto`` (default: uvloop when installed, ``pip install 'sandboxkit[fast]'``, else
     asyncio's own loop), ``asyncio`` or ``uvloop``; ``$SANDBOXKIT_EVENT_LOOP`` sets the

@@ -280,7 +280,10 @@ class ManagedProcess:
         self._transport: asyncio.SubprocessTransport | None = None
         self._pty_master: int | None = None
         self._stdin = StdinLedger(
-            -1, ttl=config.stdin_session_ttl, max_sessions=config.stdin_sessions
+            -1,
+            ttl=config.stdin_session_ttl,
+            max_sessions=config.stdin_sessions,
+            idle_grace=config.stdin_session_grace,
         )
         self._stdin_closed = False
         self._stdin_pipe: asyncio.WriteTransport | None = None
@@ -513,6 +516,10 @@ class ManagedProcess:
                     await self._stdin_room(len(data))
                     self._check_stdin_open()
             return self._stdin.apply(session, seq, data, self._write)
+
+    def end_stdin_session(self, session: str) -> dict[str, Any]:
+        """Forget ``session``: its writer holds every ack (see :meth:`StdinLedger.end`)."""
+        return self._stdin.end(session)
 
     def _check_stdin_open(self) -> None:
         if not self.running:
