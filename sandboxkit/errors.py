@@ -24,6 +24,7 @@ shown under both)::
             StreamStalled
             DaemonUnavailable
             StdinBusy
+            ResourceExhausted
         OutputLost
             OutputGap
             OutputIncomplete
@@ -67,6 +68,7 @@ __all__ = [
     "OutputLost",
     "PayloadTooLarge",
     "ProcessNotFound",
+    "ResourceExhausted",
     "ResultUnavailable",
     "Retriable",
     "SandboxClosed",
@@ -290,6 +292,17 @@ class StdinBusy(Retriable):
     sessions: int | None
 
 
+class ResourceExhausted(Retriable):
+    """The daemon is out of ``resource`` (``file_descriptors``, ``connections``) up to its
+    ``limit``: nothing was done. Retryable once other processes or connections end."""
+
+    code = "resource_exhausted"
+    status = 503
+    fields = ("resource", "limit")
+    resource: str | None
+    limit: int | None
+
+
 class MalformedFrame(StreamInterrupted):
     """Bytes that are not a valid frame, or a request body that is not valid JSON."""
 
@@ -355,6 +368,7 @@ ERROR_TABLE: dict[str, type[SandboxkitError]] = {
         CommandExitError,
         StdinSeqMismatch,
         StdinBusy,
+        ResourceExhausted,
         MalformedFrame,
         DaemonUnavailable,
         Unauthorized,

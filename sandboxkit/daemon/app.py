@@ -59,6 +59,7 @@ from sandboxkit.errors import (
     MalformedFrame,
     PayloadTooLarge,
     ProcessNotFound,
+    ResourceExhausted,
     ResultUnavailable,
     SandboxkitError,
     SandboxNotFound,
@@ -289,7 +290,8 @@ class _Endpoint:
 
     def all_errors(self) -> list[type[SandboxkitError]]:
         """Every error this route can answer with."""
-        implied: list[type[SandboxkitError]] = [Unauthorized]
+        # Any request may find the daemon at its connection or descriptor limit.
+        implied: list[type[SandboxkitError]] = [Unauthorized, ResourceExhausted]
         if "{sid}" in self.path:
             implied.append(SandboxNotFound)
         if self.body is not None:

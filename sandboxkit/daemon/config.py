@@ -116,3 +116,19 @@ class DaemonConfig:
     ``sandboxkit[fast]``), ``h11`` or ``httptools``; ``$SANDBOXKIT_HTTP`` sets the default."""
     max_body: int = 4 * 1024 * 1024
     """Largest request body accepted (bytes); larger ones get 413 ``payload_too_large``."""
+    header_timeout: float = 3.0
+    """A new connection's first request head must be whole within this many seconds of
+    the accept, or the connection is closed (bytes trickling in do not extend it)."""
+    keepalive_timeout: float = 5.0
+    """A connection waiting for its next request is closed after this many seconds; its
+    next head must be whole within them too."""
+    body_timeout: float = 10.0
+    """A request body that pauses this long is abandoned and its connection closed."""
+    max_connections: int = 4096
+    """Connections the daemon keeps open. Past it (or within ``fd_reserve`` of the
+    file-descriptor limit) idle connections are closed, unauthenticated ones first; a
+    newcomer finding none idle is answered 503 ``resource_exhausted``."""
+    fd_reserve: int = 256
+    """File descriptors (at most a quarter of the limit) that idle connections may not
+    take: processes and files use them. A process start refused once half of it is gone
+    gets 503 ``resource_exhausted``. The daemon raises its soft limit to the hard limit."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import os
 import pty
@@ -20,6 +21,7 @@ from sandboxkit.daemon.config import DaemonConfig
 from sandboxkit.daemon.consumers import Consumer
 from sandboxkit.daemon.events import EventJournal
 from sandboxkit.daemon.fanout import Fanout
+from sandboxkit.daemon.fds import FdBudget, exhausted
 from sandboxkit.daemon.freezer import Freezer
 from sandboxkit.daemon.output_log import OutputLog
 from sandboxkit.daemon.run_as import resolve_user
@@ -316,6 +318,8 @@ class ManagedProcess:
         drop = run_as.argv_prefix() if run_as is not None else []
         argv = freezer.launch_prefix() + drop + self.spec.command_line()
         check_exec_size(argv, env, argv_field="argv" if self.spec.argv is not None else "cmd")
+        budget = FdBudget.current(self.config.fd_reserve)
+        budget.check_spawn()  # out of descriptors: a typed 503, not a "bad command"
         capture = _Capture(self)
         pty_reader: _PtyReader | None = None
         try:
@@ -354,6 +358,8 @@ class ManagedProcess:
                     start_new_session=True,
                 )
         except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                raise exhausted(budget.limit) from None
             # Not found, not permitted, not an executable, too long (E2BIG): the request's
             # fault, refused with nothing started.
             field = "cwd" if isinstance(exc, NotADirectoryError) else "cmd"
