@@ -211,6 +211,59 @@ def test_a_slowloris_connection_is_closed_after_the_header_timeout(tmp_path: Pat
     print(f"slowloris closed {closed_after:.2f}s after it opened")
 
 
+def _closed_within(sock: socket.socket, seconds: float, trickle: bytes = b"") -> float | None:
+    """Seconds until the daemon closes ``sock`` (sending ``trickle`` a byte at a time
+    meanwhile), or ``None`` if it stays open ``seconds``."""
+    opened = time.monotonic()
+    sock.settimeout(0.2)
+    while time.monotonic() - opened < seconds:
+        if trickle:
+            with contextlib.suppress(OSError):
+                sock.send(trickle[:1])
+        try:
+            data = sock.recv(4096)
+        except TimeoutError:
+            continue
+        except OSError:
+            return time.monotonic() - opened
+        if data == b"":
+            return time.monotonic() - opened
+    return None
+
+
+@pytest.mark.timeout(60)
+def test_a_stalled_request_body_is_abandoned_after_the_body_timeout(tmp_path: Path) -> None:
+    with _served(tmp_path, "--body-timeout", "1") as daemon:
+        with socket.create_connection((daemon.host, daemon.port), timeout=5) as sock:
+            sock.sendall(
+                b"POST /sandboxes HTTP/1.1\r\nHost: x\r\n"
+                + f"Authorization: Bearer {daemon.token}\r\n".encode()
+                + b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
+            )
+            closed_after = _closed_within(sock, 10.0)
+        assert closed_after is not None, "a stalled body held its connection"
+        assert _health(daemon) < 5.0
+    print(f"stalled body: connection closed {closed_after:.2f}s after it stalled")
+
+
+@pytest.mark.timeout(60)
+def test_a_kept_alive_connection_trickling_its_next_head_is_closed(tmp_path: Path) -> None:
+    with _served(tmp_path, "--keepalive-timeout", "1") as daemon:
+        with socket.create_connection((daemon.host, daemon.port), timeout=5) as sock:
+            request = (
+                f"GET /health HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {daemon.token}\r\n\r\n"
+            ).encode()
+            sock.sendall(request)
+            answer = b""
+            while b"}" not in answer:  # the whole (small) JSON answer
+                answer += sock.recv(4096)
+            assert answer.startswith(b"HTTP/1.1 200")
+            # Authenticated and kept alive: now a slowloris on the next request head.
+            closed_after = _closed_within(sock, 10.0, trickle=b"G")
+        assert closed_after is not None, "a trickled second head held its connection"
+    print(f"trickled second head: connection closed {closed_after:.2f}s after the response")
+
+
 @pytest.mark.timeout(60)
 def test_an_unauthenticated_request_gets_401_and_its_connection_closed(tmp_path: Path) -> None:
     # A long keep-alive: the close must come from the missing token, not from idling.
