@@ -37,6 +37,11 @@ _CONFIG_OPTIONS = (
     "keepalive_interval",
     "freezer",
     "isolation",
+    "header_timeout",
+    "keepalive_timeout",
+    "body_timeout",
+    "max_connections",
+    "fd_reserve",
 )
 """The :class:`DaemonConfig` fields ``serve`` sets from the options of the same name; each
 option's default is the field's."""
@@ -381,6 +386,36 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=config.keepalive_interval,
         help="seconds between keepalive frames on an idle stream",
+    )
+    serve.add_argument(
+        "--header-timeout",
+        type=float,
+        default=config.header_timeout,
+        help="seconds a new connection has to send a whole request head (else it is closed)",
+    )
+    serve.add_argument(
+        "--keepalive-timeout",
+        type=float,
+        default=config.keepalive_timeout,
+        help="seconds an idle connection waits for its next request before it is closed",
+    )
+    serve.add_argument(
+        "--body-timeout",
+        type=float,
+        default=config.body_timeout,
+        help="seconds a request body may pause before its connection is closed",
+    )
+    serve.add_argument(
+        "--max-connections",
+        type=int,
+        default=config.max_connections,
+        help="connections kept open; past it idle ones are closed, unauthenticated first",
+    )
+    serve.add_argument(
+        "--fd-reserve",
+        type=int,
+        default=config.fd_reserve,
+        help="file descriptors idle connections may not take (kept for processes and files)",
     )
     serve.add_argument(
         "--envd",

@@ -24,6 +24,7 @@ shown under both)::
             StreamStalled
             DaemonUnavailable
             StdinBusy
+            ResourceExhausted
         OutputLost
             OutputGap
             OutputIncomplete
@@ -70,6 +71,7 @@ __all__ = [
     "OutputLost",
     "PayloadTooLarge",
     "ProcessNotFound",
+    "ResourceExhausted",
     "ResultUnavailable",
     "Retriable",
     "SandboxClosed",
@@ -284,14 +286,28 @@ class StdinSeqMismatch(SandboxkitError):
 
 
 class StdinBusy(Retriable):
-    """The process is not reading its stdin and ``buffered`` bytes already wait (the limit
-    is ``limit``): nothing was written. Retryable: send the same batch again later."""
+    """Nothing was written, for one of two reasons: the process is not reading its stdin
+    and ``buffered`` bytes already wait (the limit is ``limit`` bytes); or a new session
+    found ``sessions`` stdin sessions of the process all in use (the limit is ``limit``
+    sessions). Retryable: send the same batch again later."""
 
     code = "stdin_busy"
     status = 429
-    fields = ("pid", "buffered", "limit")
+    fields = ("pid", "buffered", "limit", "sessions")
     pid: int | None
     buffered: int | None
+    limit: int | None
+    sessions: int | None
+
+
+class ResourceExhausted(Retriable):
+    """The daemon is out of ``resource`` (``file_descriptors``, ``connections``) up to its
+    ``limit``: nothing was done. Retryable once other processes or connections end."""
+
+    code = "resource_exhausted"
+    status = 503
+    fields = ("resource", "limit")
+    resource: str | None
     limit: int | None
 
 
@@ -377,6 +393,7 @@ ERROR_TABLE: dict[str, type[SandboxkitError]] = {
         CommandExitError,
         StdinSeqMismatch,
         StdinBusy,
+        ResourceExhausted,
         MalformedFrame,
         DaemonUnavailable,
         Unauthorized,

@@ -42,6 +42,7 @@ from sandboxkit.errors import (
     OutputIncomplete,
     OutputLost,
     ProcessNotFound,
+    ResourceExhausted,
     ResultUnavailable,
     Retriable,
     SandboxClosed,
@@ -578,7 +579,7 @@ def test_a_category_catches_its_members_and_nothing_else(
     members = {
         NotFound: {SandboxNotFound, ProcessNotFound, ResultUnavailable, FileNotFound},
         StreamInterrupted: {ConsumerKicked, StreamStalled, DaemonUnavailable, MalformedFrame},
-        Retriable: {ConsumerKicked, StreamStalled, DaemonUnavailable, StdinBusy},
+        Retriable: {ConsumerKicked, StreamStalled, DaemonUnavailable, StdinBusy, ResourceExhausted},
         OutputLost: {OutputGap, OutputIncomplete},
     }[category]
     for cls in ERROR_TABLE.values():
@@ -683,6 +684,8 @@ _SAMPLES: dict[str, Any] = {
     "expected": 2,
     "got": 5,
     "buffered": 2048,
+    "sessions": 7,
+    "resource": "file_descriptors",
     "limit": 1024,
     "url": "http://127.0.0.1:1",
     "field": "timeout",
@@ -850,7 +853,7 @@ async def test_openapi_lists_every_route(daemon: DaemonServer) -> None:
     assert set(enum) == set(DAEMON_ERROR_TABLE)
     statuses = {str(cls.status) for cls in DAEMON_ERROR_TABLE.values()}
     health = doc["paths"]["/health"]["get"]["responses"]
-    assert set(health) == {"200", "401"}, health
+    assert set(health) == {"200", "401", "503"}, health
 
     operation_ids: list[str] = []
     for path, operations in doc["paths"].items():

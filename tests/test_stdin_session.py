@@ -481,8 +481,8 @@ class FaultyApi:
         self.answers: list[dict[str, Any]] = []
 
     async def call(self, method: str, path: str, json: Any = None, **params: Any) -> Any:
-        if not (method == "POST" and path.endswith("/stdin")):
-            return await self.api.call(method, path, json=json, **params)
+        if not (method == "POST" and path.endswith("/stdin")) or json.get("end"):
+            return await self.api.call(method, path, json=json, **params)  # not a batch
         self.posts += 1
         modes = self.pending.get(json["seq"])
         mode = modes.pop(0) if modes else None

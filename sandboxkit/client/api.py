@@ -211,6 +211,19 @@ class ApiClient:
             raise DaemonUnavailable(f"cannot reach the daemon: {exc!r}", url=self.url) from exc
         return _json_or_raise(response)
 
+    async def alive(self, timeout: float) -> bool:
+        """Whether the daemon answers ``GET /health`` (any answer) within ``timeout``: a
+        silent stream asks, to tell a hung daemon from a stalled stream."""
+        if self.closed:
+            return False
+        if self._pool is not None:
+            return await self._pool.alive(timeout)
+        try:
+            await self._http.get("/health", timeout=timeout)
+        except httpx.TransportError:
+            return False
+        return True
+
     @contextlib.asynccontextmanager
     async def stream(self, path: str, **params: Any) -> AsyncIterator[FrameStream]:
         """Open a framed stream; yields a :class:`FrameStream`, an async iterator of

@@ -16,6 +16,13 @@ while idle (its keep-alive timeout, a restart) is noticed before it is written t
 dropped; one that it closes after the request went out without answering a byte is
 retried once on a new connection if the request is idempotent, else the request fails
 with DaemonUnavailable (the daemon may have acted on it).
+
+A hung daemon (stopped, its event loop blocked) still has its connections accepted by
+the kernel, and answers nothing. A request with no whole response after
+:data:`PROBE_AFTER` seconds asks the daemon's ``/health`` on another connection; no
+answer within :data:`PROBE_TIMEOUT` fails the request with DaemonUnavailable at once,
+rather than at the end of its own timeout (30 s by default: a request the daemon is
+merely slow to answer, e.g. one waiting on a kill grace, runs on).
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import re
 import select
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -34,6 +41,10 @@ from sandboxkit.errors import DaemonUnavailable
 
 __all__ = ["BadResponse", "RawPool", "RawResponse", "encode_query", "parse_head"]
 
+PROBE_AFTER = 2.0
+"""Seconds without a whole response after which a request checks the daemon is alive."""
+PROBE_TIMEOUT = 2.0
+"""Seconds the daemon has to answer that check before it is taken for hung."""
 MAX_IDLE = 32
 """Idle connections kept per daemon (as httpx's max_keepalive_connections)."""
 _MAX_HEAD = 64 * 1024
@@ -120,6 +131,10 @@ def encode_query(params: Mapping[str, Any]) -> str:
 
 class _Dropped(Exception):
     """The daemon closed the connection before it sent a byte of the response."""
+
+
+class _Hung(Exception):
+    """The daemon did not answer a health probe while a request waited on it."""
 
 
 class _Connection(asyncio.Protocol):
@@ -250,8 +265,15 @@ class _Connection(asyncio.Protocol):
         except (OSError, ValueError):
             return False
 
-    async def request(self, data: bytes, timeout: float | None) -> RawResponse:
-        """Write ``data`` (one whole request) and wait for the whole response."""
+    async def request(
+        self,
+        data: bytes,
+        timeout: float | None,
+        probe: Callable[[], Awaitable[bool]] | None = None,
+    ) -> RawResponse:
+        """Write ``data`` (one whole request) and wait for the whole response; after
+        :data:`PROBE_AFTER` seconds without it, ``probe()`` (is the daemon alive?) runs,
+        and ``False`` fails the request with :class:`_Hung`."""
         transport = self.transport
         assert transport is not None
         self._buffer.clear()
@@ -265,15 +287,39 @@ class _Connection(asyncio.Protocol):
         self._waiter = waiter
         transport.write(data)
         timer = None if timeout is None else loop.call_later(timeout, self._time_out, timeout)
+        checks: list[asyncio.Task[None]] = []
+        check = None
+        if probe is not None and (timeout is None or timeout > PROBE_AFTER):
+            check = loop.call_later(PROBE_AFTER, self._check_alive, probe, checks)
         try:
             return await waiter
         finally:
             self._waiter = None
             if timer is not None:
                 timer.cancel()
+            if check is not None:
+                check.cancel()
+            for task in checks:  # owned: never outlives the request
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
             if not waiter.done() or waiter.cancelled() or waiter.exception() is not None:
                 self.reusable = False
                 self.close()
+
+    def _check_alive(
+        self, probe: Callable[[], Awaitable[bool]], checks: list[asyncio.Task[None]]
+    ) -> None:
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            return
+
+        async def check() -> None:
+            if not await probe() and not waiter.done():
+                waiter.set_exception(
+                    _Hung(f"no answer to a health check within {PROBE_TIMEOUT:g} s")
+                )
+
+        checks.append(asyncio.get_running_loop().create_task(check()))
 
     def _time_out(self, timeout: float) -> None:
         waiter = self._waiter
@@ -324,6 +370,7 @@ class RawPool:
         *,
         connect_timeout: float | None = 10.0,
         timeout: float | None = 30.0,
+        probe: bool = True,
     ) -> RawResponse:
         """Send one request and return its whole response; DaemonUnavailable if the
         daemon cannot be reached, closes the connection without answering (after one
@@ -336,7 +383,9 @@ class RawPool:
                 raise DaemonUnavailable("this client's connection pool was closed", url=self.url)
             conn, reused = await self._get(connect_timeout)
             try:
-                response = await conn.request(data, timeout)
+                response = await conn.request(data, timeout, self.alive if probe else None)
+            except _Hung as exc:
+                raise DaemonUnavailable(f"the daemon is hung: {exc}", url=self.url) from exc
             except _Dropped as exc:
                 if reused and not retried and method in _IDEMPOTENT:
                     retried = True
@@ -352,6 +401,19 @@ class RawPool:
                 raise DaemonUnavailable(f"the daemon did not answer: {exc}", url=self.url) from exc
             self._put(conn)
             return response
+
+    async def alive(self, timeout: float | None = None) -> bool:
+        """Whether the daemon answers ``GET /health`` (any answer) within ``timeout``
+        (default :data:`PROBE_TIMEOUT`)."""
+        bound = PROBE_TIMEOUT if timeout is None else timeout
+        try:
+            await within(
+                self.request("GET", "/health", connect_timeout=bound, timeout=bound, probe=False),
+                bound,
+            )
+        except (DaemonUnavailable, TimeoutError):
+            return False
+        return True
 
     async def _get(self, connect_timeout: float | None) -> tuple[_Connection, bool]:
         loop = asyncio.get_running_loop()

@@ -15,12 +15,13 @@ import contextlib
 import secrets
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Iterable
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from sandboxkit.client.api import ApiClient
-from sandboxkit.errors import DaemonUnavailable, Retriable
+from sandboxkit.errors import DaemonUnavailable, Retriable, SandboxkitError
 
 __all__ = [
+    "EndingStdinTransport",
     "HttpStdinTransport",
     "StdinConnection",
     "StdinSession",
@@ -41,11 +42,20 @@ class StdinConnection(Protocol):
         """Drop the connection."""
 
 
+@runtime_checkable
 class StdinTransport(Protocol):
     """Opens connections for a session; HTTP in real use, scripted in tests."""
 
     async def connect(self, session: str) -> StdinConnection:
         """A fresh connection for ``session``."""
+
+
+@runtime_checkable
+class EndingStdinTransport(StdinTransport, Protocol):
+    """A transport that can also tell the daemon a session is over."""
+
+    async def end(self, session: str) -> None:
+        """``session`` holds every ack and sends nothing more: the daemon may forget it."""
 
 
 class StdinSession:
@@ -85,6 +95,7 @@ class StdinSession:
         self._inputs_done = False
         self._pulse: asyncio.Future[None] | None = None
         self._runner: asyncio.Task[None] | None = None
+        self._ended = False
 
     @property
     def unacked_bytes(self) -> int:
@@ -131,11 +142,19 @@ class StdinSession:
         await self.close()
 
     async def close(self) -> None:
-        """No more inputs: wait until every batch is acked (or raise why it cannot be)."""
+        """No more inputs: wait until every batch is acked (or raise why it cannot be),
+        then end the session on the daemon, which forgets it at once (one-shot writes
+        leave nothing behind there). Ending is best effort: if it fails, the daemon
+        forgets the session once it has been idle long enough."""
         self._inputs_done = True
         self._notify()
-        if self._runner is not None:
-            await asyncio.shield(self._runner)
+        if self._runner is None:
+            return
+        await asyncio.shield(self._runner)
+        if not self._ended and isinstance(self.transport, EndingStdinTransport):
+            self._ended = True
+            with contextlib.suppress(SandboxkitError, ConnectionError):
+                await self.transport.end(self.session_id)
 
     async def abort(self) -> None:
         """Stop now; unacked batches may or may not have been applied."""
@@ -264,6 +283,11 @@ class HttpStdinTransport:
     async def connect(self, session: str) -> StdinConnection:
         """A connection whose acks come back as the POSTs complete."""
         return _HttpStdinConnection(self, session)
+
+    async def end(self, session: str) -> None:
+        """Tell the daemon ``session`` is over (it forgets it)."""
+        body = {"session": session, "seq": 0, "end": True}
+        await self.api.call("POST", self.path, json=body)
 
 
 class _HttpStdinConnection:

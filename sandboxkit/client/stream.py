@@ -158,7 +158,11 @@ class ProcessStream:
     went silent for ``watchdog_multiple`` keepalive intervals — is answered by reattaching
     from the cursor, with backoff, for up to ``reattach_timeout`` seconds of failure. A
     definitive answer (the result is unavailable, the sandbox is gone) is raised as its
-    typed error.
+    typed error. A silent stream first asks the daemon's ``/health``: no answer within
+    :attr:`probe_timeout` means the daemon is hung (stopped, its loop blocked), reported
+    at once as :class:`~sandboxkit.errors.DaemonUnavailable` (reconnect from ``cursor``
+    once it answers again), not waited out for ``reattach_timeout``. With the daemon's
+    default 2 s keepalive that is at most 4 s of silence and a 1 s probe.
     """
 
     def __init__(
@@ -173,7 +177,7 @@ class ProcessStream:
         on_gap: OnGap = None,
         name: str | None = None,
         role: str | None = None,
-        watchdog_multiple: float = 3.0,
+        watchdog_multiple: float = 2.0,
         reattach_timeout: float = 60.0,
         keep_output: KeepOutput = DEFAULT_KEEP_OUTPUT,
         lines: bool = False,
@@ -261,6 +265,23 @@ class ProcessStream:
             return _OPEN_TIMEOUT
         return self._keepalive * self.watchdog_multiple
 
+    @property
+    def probe_timeout(self) -> float:
+        """How long a silent stream's health probe waits for the daemon: half a keepalive
+        period, between 0.5 and 1 s."""
+        if self._keepalive is None:
+            return 1.0
+        return min(1.0, max(0.5, self._keepalive / 2))
+
+    async def _check_alive(self) -> None:
+        if not await self.api.alive(self.probe_timeout):
+            raise DaemonUnavailable(
+                f"the daemon at {self.api.url} is hung: process {self.pid}'s stream was "
+                f"silent for {self.watchdog_bound:g}s and /health got no answer within "
+                f"{self.probe_timeout:g}s; its output stopped at cursor {self._seq}",
+                url=self.api.url,
+            )
+
     async def run(self) -> int | None:
         """Stream until the process's exit; returns its exit code."""
         backoff = _BACKOFF_START
@@ -275,6 +296,7 @@ class ProcessStream:
                 self.stats.kicks += 1
             except _Silent:
                 self.stats.watchdog_expiries += 1
+                await self._check_alive()
             except StreamInterrupted as exc:  # cut off or garbled: reattach from the cursor
                 self.stats.disconnects += 1
                 refused = isinstance(exc.__cause__, ConnectionRefusedError | httpx.ConnectError)

@@ -60,6 +60,7 @@ from sandboxkit.errors import (
     MalformedFrame,
     PayloadTooLarge,
     ProcessNotFound,
+    ResourceExhausted,
     ResultUnavailable,
     SandboxkitError,
     SandboxNotFound,
@@ -290,7 +291,8 @@ class _Endpoint:
 
     def all_errors(self) -> list[type[SandboxkitError]]:
         """Every error this route can answer with."""
-        implied: list[type[SandboxkitError]] = [Unauthorized]
+        # Any request may find the daemon at its connection or descriptor limit.
+        implied: list[type[SandboxkitError]] = [Unauthorized, ResourceExhausted]
         if "{sid}" in self.path:
             implied.append(SandboxNotFound)
         if self.body is not None:
@@ -416,6 +418,11 @@ class _Api:
     async def write_stdin(self, request: Request) -> Response:
         body = await self._decode(request, StdinBatch)
         pid = _pid(request)
+        if body.end:
+            if body.data:
+                raise InvalidArgument("a batch that ends its session carries no data", field="data")
+            sandbox = await self.host.access(request.path_params["sid"])
+            return JsonResponse(sandbox.process(pid).end_stdin_session(body.session))
         sandbox = await self.host.access(request.path_params["sid"], needs_running=True)
         process = sandbox.process(pid)
         return JsonResponse(await process.write_stdin(body.session, body.seq, body.data))

@@ -101,9 +101,14 @@ class DaemonConfig:
     stdin_wait: float = 5.0
     """How long a stdin batch waits for room in the buffer before ``stdin_busy``."""
     stdin_session_ttl: float = 3600.0
-    """A stdin session unused this long is forgotten (its exactly-once window)."""
+    """A stdin session unused this long is forgotten (its exactly-once window). A session
+    whose writer ended it (every ``send_stdin`` does) is forgotten at once."""
     stdin_sessions: int = 100_000
-    """Live stdin sessions per process; past it new sessions get ``stdin_busy``."""
+    """Stdin sessions remembered per process. At the cap a new session evicts the least
+    recently used one idle past ``stdin_session_grace``; if none is, it gets ``stdin_busy``."""
+    stdin_session_grace: float = 30.0
+    """A stdin session used within this many seconds is never evicted to make room (a
+    writer resending after a reconnect within it is never applied twice)."""
     event_loop: str = field(default_factory=lambda: os.environ.get("SANDBOXKIT_EVENT_LOOP", "auto"))
     """``auto`` (default: uvloop when installed, ``pip install 'sandboxkit[fast]'``, else
     asyncio's own loop), ``asyncio`` or ``uvloop``; ``$SANDBOXKIT_EVENT_LOOP`` sets the
@@ -116,3 +121,19 @@ class DaemonConfig:
     ``sandboxkit[fast]``), ``h11`` or ``httptools``; ``$SANDBOXKIT_HTTP`` sets the default."""
     max_body: int = 4 * 1024 * 1024
     """Largest request body accepted (bytes); larger ones get 413 ``payload_too_large``."""
+    header_timeout: float = 3.0
+    """A new connection's first request head must be whole within this many seconds of
+    the accept, or the connection is closed (bytes trickling in do not extend it)."""
+    keepalive_timeout: float = 5.0
+    """A connection waiting for its next request is closed after this many seconds; its
+    next head must be whole within them too."""
+    body_timeout: float = 10.0
+    """A request body that pauses this long is abandoned and its connection closed."""
+    max_connections: int = 4096
+    """Connections the daemon keeps open. Past it (or within ``fd_reserve`` of the
+    file-descriptor limit) idle connections are closed, unauthenticated ones first; a
+    newcomer finding none idle is answered 503 ``resource_exhausted``."""
+    fd_reserve: int = 256
+    """File descriptors (at most a quarter of the limit) that idle connections may not
+    take: processes and files use them. A process start refused once half of it is gone
+    gets 503 ``resource_exhausted``. The daemon raises its soft limit to the hard limit."""

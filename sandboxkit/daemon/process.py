@@ -21,6 +21,7 @@ from sandboxkit.daemon.config import DaemonConfig
 from sandboxkit.daemon.consumers import Consumer
 from sandboxkit.daemon.events import EventJournal
 from sandboxkit.daemon.fanout import Fanout
+from sandboxkit.daemon.fds import FdBudget, exhausted
 from sandboxkit.daemon.freezer import Freezer
 from sandboxkit.daemon.isolation import NamespacePlan
 from sandboxkit.daemon.limits import LimitEnforcer
@@ -284,7 +285,10 @@ class ManagedProcess:
         self._transport: asyncio.SubprocessTransport | None = None
         self._pty_master: int | None = None
         self._stdin = StdinLedger(
-            -1, ttl=config.stdin_session_ttl, max_sessions=config.stdin_sessions
+            -1,
+            ttl=config.stdin_session_ttl,
+            max_sessions=config.stdin_sessions,
+            idle_grace=config.stdin_session_grace,
         )
         self._stdin_closed = False
         self._stdin_pipe: asyncio.WriteTransport | None = None
@@ -329,6 +333,8 @@ class ManagedProcess:
         bounds = limits.launch_prefix() if limits is not None else []
         argv = freezer.launch_prefix() + bounds + wrap + self.spec.command_line()
         check_exec_size(argv, env, argv_field="argv" if self.spec.argv is not None else "cmd")
+        budget = FdBudget.current(self.config.fd_reserve)
+        budget.check_spawn()  # out of descriptors: a typed 503, not a "bad command"
         capture = _Capture(self)
         pty_reader: _PtyReader | None = None
         try:
@@ -367,6 +373,8 @@ class ManagedProcess:
                     start_new_session=True,
                 )
         except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                raise exhausted(budget.limit) from None
             # Not found, not permitted, not an executable, too long (E2BIG): the request's
             # fault, refused with nothing started.
             field = "cwd" if isinstance(exc, NotADirectoryError) else "cmd"
@@ -538,6 +546,10 @@ class ManagedProcess:
                     await self._stdin_room(len(data))
                     self._check_stdin_open()
             return self._stdin.apply(session, seq, data, self._write)
+
+    def end_stdin_session(self, session: str) -> dict[str, Any]:
+        """Forget ``session``: its writer holds every ack (see :meth:`StdinLedger.end`)."""
+        return self._stdin.end(session)
 
     def _check_stdin_open(self) -> None:
         if not self.running:

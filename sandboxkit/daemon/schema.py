@@ -112,11 +112,14 @@ class StartProcess(Struct, forbid_unknown_fields=True):
 
 
 class StdinBatch(Struct, forbid_unknown_fields=True):
-    """``POST .../stdin``: batch ``seq`` of writer ``session``; ``data`` is base64."""
+    """``POST .../stdin``: batch ``seq`` of writer ``session``; ``data`` is base64.
+    ``end``: the writer holds every ack of the session and sends nothing more, so the
+    daemon forgets it (no ``data``; ``seq`` is not checked; ending twice is harmless)."""
 
     session: Annotated[str, Meta(min_length=1, max_length=128, pattern=_NO_NUL)]
     seq: Count
-    data: bytes
+    data: bytes = b""
+    end: bool = False
 
 
 class StreamQuery(Struct):
@@ -237,6 +240,7 @@ class StdinAck(Struct):
     acked: int
     next_seq: int
     duplicate: bool
+    ended: bool = False
 
 
 class ConsumerRow(Struct):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import ipaddress
+import math
 import os
 import secrets
 import socket
@@ -17,11 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
+from uvicorn.config import HTTP_PROTOCOLS
+from uvicorn.importer import import_from_string
 
 from sandboxkit._version import __version__
 from sandboxkit.daemon.app import create_app
 from sandboxkit.daemon.config import DaemonConfig
+from sandboxkit.daemon.connections import ConnectionGuard, guarded_protocol
 from sandboxkit.daemon.envd import EnvdServer
+from sandboxkit.daemon.fds import FdBudget, raise_fd_limit
 from sandboxkit.daemon.host import Host
 from sandboxkit.daemon.tcp_peer import SEND_BUFFER
 from sandboxkit.statefile import DaemonState, remove_state, write_state
@@ -44,6 +49,11 @@ def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] |
         return None
     factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
     return factory
+
+
+_BACKLOG = 4096
+"""Connections the kernel queues for accept (capped by ``net.core.somaxconn``): a burst
+beyond it waits for SYN retransmits (1 s, then 3 s), whoever sent it."""
 
 
 class UnsafeBind(ValueError):
@@ -110,6 +120,23 @@ class DaemonServer:
             )
         self.config = config or DaemonConfig()
         self.token = secrets.token_urlsafe(24) if token == "" else token
+        # Idle connections and processes share one descriptor limit (see fds).
+        raise_fd_limit()
+        self.connections = ConnectionGuard(
+            token=self.token,
+            header_timeout=self.config.header_timeout,
+            keepalive_timeout=self.config.keepalive_timeout,
+            body_timeout=self.config.body_timeout,
+            max_connections=self.config.max_connections,
+            fds=FdBudget.current(self.config.fd_reserve),
+        )
+        if self.config.http not in HTTP_PROTOCOLS:
+            raise ValueError(
+                f"http must be one of {sorted(HTTP_PROTOCOLS)}, not {self.config.http!r}"
+            )
+        protocol = guarded_protocol(
+            import_from_string(HTTP_PROTOCOLS[self.config.http]), self.connections
+        )
         self.state_path = state_path
         # proto=IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on an accepted socket only when
         # its ``proto`` says TCP. Without it Nagle holds uvicorn's second write (the body)
@@ -120,7 +147,7 @@ class DaemonServer:
         # Accepted connections inherit it (Linux, BSD, macOS).
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
         self._sock.bind((bind, port))
-        self._sock.listen(512)
+        self._sock.listen(_BACKLOG)
         self._sock.setblocking(False)
         self.bind, self.port = self._sock.getsockname()[:2]
         self.url = f"http://{self.bind}:{self.port}"
@@ -138,10 +165,13 @@ class DaemonServer:
                 access_log=False,
                 lifespan="on",
                 loop="asyncio",  # the loop is chosen by run() (see event_loop_factory)
-                http=self.config.http,
+                http=protocol,
+                # The guard's deadline is the exact one; uvicorn's own is a backstop.
+                timeout_keep_alive=max(1, math.ceil(self.config.keepalive_timeout)),
                 # No proxy in front: the peer is who connected (a consumer's ``peer``), not
                 # what an X-Forwarded-For header claims; and one middleware less per request.
                 proxy_headers=False,
+                backlog=_BACKLOG,
                 timeout_graceful_shutdown=max(1, int(self.config.shutdown_drain)),
             ),
             self,
