@@ -13,7 +13,13 @@ import socket
 import sys
 from typing import Any
 
-__all__ = ["MAX_SEND_BUFFER", "SEND_BUFFER", "size_send_buffer", "window_closed_for"]
+__all__ = [
+    "MAX_SEND_BUFFER",
+    "PENDING_BYTES",
+    "SEND_BUFFER",
+    "size_send_buffer",
+    "window_closed_for",
+]
 
 SEND_BUFFER = 128 * 1024
 """Kernel send buffer every connection starts with (the kernel doubles it).
@@ -26,6 +32,11 @@ few tens of KB, and bounds the bytes a ghost's connection pins."""
 
 MAX_SEND_BUFFER = 1024 * 1024
 """Largest send buffer a consumer that drains fast is given (:func:`size_send_buffer`)."""
+
+
+PENDING_BYTES = 16 * 1024
+"""Most bytes of a consumer's send the daemon's transport holds (in user space) beyond
+what the kernel took."""
 
 
 def size_send_buffer(sock: Any, nbytes: int, current: int) -> int:
