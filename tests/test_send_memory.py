@@ -6,12 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import sys
+import time
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from uvicorn.protocols.http.flow_control import FlowControl
 
+from sandboxkit.daemon import heap
 from sandboxkit.daemon.app import _AsgiSink
+from sandboxkit.daemon.host import Host
+from sandboxkit.daemon.process import ProcessSpec
 from sandboxkit.daemon.tcp_peer import PENDING_BYTES
 
 
@@ -72,3 +78,37 @@ async def test_a_slow_peer_never_has_more_than_the_bound_buffered_in_the_daemon(
         peer.close()
     assert received == expected
     assert most <= PENDING_BYTES, most
+
+
+class _Sink:
+    """Takes every send at once."""
+
+    async def send(self, data: bytes) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_consumers_that_leave_have_the_heap_trimmed(
+    host: Host, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What consumers held (their sends, their connections' buffers) is freed when they
+    leave, but glibc keeps the pages: their leaving asks for a trim (rate-limited by
+    sandboxkit.daemon.heap), without any log being dropped."""
+    trims: list[int] = []
+    monkeypatch.setattr(heap, "_trim", lambda pad: trims.append(pad) or 1)
+    monkeypatch.setattr(heap, "_last", -heap.MIN_INTERVAL)
+    monkeypatch.setattr(heap, "_owed", 0)
+    monkeypatch.setattr(heap, "_later", None)
+    sbx = await host.create_sandbox()
+    write = "import sys; sys.stdout.buffer.write(b'x' * 262144)"
+    process = await sbx.start_process(ProcessSpec(argv=(sys.executable, "-c", write)))
+    await process.wait()
+    for _ in range(16):
+        await host.start_stream(host.open_consumer(process, 0), _Sink())
+    deadline = time.monotonic() + 5
+    while not trims:
+        assert time.monotonic() < deadline, "no trim after 16 consumers left"
+        await asyncio.sleep(0.02)  # sleep-ok: polling with a deadline
+    assert process.log.memory_bytes > 0  # its log kept its cache: no log was dropped
