@@ -5,12 +5,14 @@ its sends shrink as consumers multiply, and memory goes back to the system when 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import sys
 import time
 from types import SimpleNamespace
 from typing import Any
 
+import httpx
 import pytest
 from uvicorn.protocols.http.flow_control import FlowControl
 
@@ -18,6 +20,7 @@ from sandboxkit.daemon import heap
 from sandboxkit.daemon.app import _AsgiSink
 from sandboxkit.daemon.host import Host
 from sandboxkit.daemon.process import ProcessSpec
+from sandboxkit.daemon.server import DaemonServer
 from sandboxkit.daemon.tcp_peer import PENDING_BYTES
 
 
@@ -112,3 +115,48 @@ async def test_consumers_that_leave_have_the_heap_trimmed(
         assert time.monotonic() < deadline, "no trim after 16 consumers left"
         await asyncio.sleep(0.02)  # sleep-ok: polling with a deadline
     assert process.log.memory_bytes > 0  # its log kept its cache: no log was dropped
+
+
+def test_slow_readers_of_the_daemon_never_have_more_than_the_bound_in_its_transports(
+    daemon: DaemonServer,
+) -> None:
+    """Through the daemon (asyncio, as a plain install serves): four readers taking 16 KiB
+    every 20 ms of a process that wrote 4 MiB at once. However their sends are sized, no
+    connection of theirs holds more than ``PENDING_BYTES`` in the daemon's transport while
+    they read (for a second)."""
+    headers = {"Authorization": f"Bearer {daemon.token}"}
+    with httpx.Client(base_url=daemon.url, headers=headers, timeout=10) as http:
+        sid = http.post("/sandboxes", json={}).json()["sandbox_id"]
+        write = "import sys; sys.stdout.buffer.write(b'x' * 4194304)"
+        argv = [sys.executable, "-c", write]
+        pid = http.post(f"/sandboxes/{sid}/processes", json={"argv": argv}).json()["pid"]
+        host, port = daemon.url.removeprefix("http://").rsplit(":", 1)
+        readers = []
+        for _ in range(4):
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
+            sock.connect((host, int(port)))
+            sock.sendall(
+                f"GET /sandboxes/{sid}/processes/{pid}/stream?cursor=0 HTTP/1.1\r\n"
+                f"Host: x\r\nAuthorization: Bearer {daemon.token}\r\n"
+                "Connection: close\r\n\r\n".encode()
+            )
+            sock.setblocking(False)
+            readers.append(sock)
+        connections = daemon._server.server_state.connections
+        received = [0] * len(readers)
+        most = 0
+        until = time.monotonic() + 1
+        try:
+            while time.monotonic() < until:
+                most = max([most, *(c.transport.get_write_buffer_size() for c in connections)])
+                for i, sock in enumerate(readers):
+                    with contextlib.suppress(BlockingIOError):
+                        received[i] += len(sock.recv(16 * 1024))
+                time.sleep(0.02)  # sleep-ok: the readers' slow pace
+        finally:
+            for sock in readers:
+                sock.close()
+        http.delete(f"/sandboxes/{sid}")
+    assert all(n > 256 * 1024 for n in received), received
+    assert most <= PENDING_BYTES, most
