@@ -16,12 +16,21 @@ Sections:
 * **log** — the :class:`OutputLog` alone, no daemon: 1-byte chunks that a reader keeps up
   with (none can be joined) and 64 KiB chunks through the default 64 MiB retention:
   memory the log accounts for per MB retained, and append throughput.
+* **consumers** — many consumers of one process (issue 19): a daemon on the loop a plain
+  install serves on (asyncio; ``--loop uvloop`` for the other), one process writing
+  64 KiB blocks at 10 MB/s, then 400 raw-socket consumers attached at its head for 30 s,
+  a quarter of them reading slowly (~1 MB/s, so they fall behind, onto the segment
+  files and into gaps), the rest as fast as they can. Reported: the daemon's anonymous
+  RSS above the idle daemon (the process writing, no consumer) at its peak and at the
+  end, and 10 s after the consumers left; the targets are <= 100 MB and <= 20 MB. About
+  60 s.
 
 The machine is shared and noisy: compare the ratios (disk / memory) of one run, not the
 absolute figures. Everything runs on loopback; every process started here is stopped.
 
-    python benchmarks/memory.py            # ~2 min
+    python benchmarks/memory.py            # ~3 min
     python benchmarks/memory.py --quick    # smaller transfers, one repeat
+    python benchmarks/memory.py --section consumers [--consumers 400 --loop asyncio]
 """
 
 from __future__ import annotations
@@ -207,6 +216,110 @@ async def daemon_run(mode: str, pattern: str, mib: int, retention: int, **settin
         daemon.stop()
 
 
+PRODUCER = (
+    "import sys, time\n"
+    "block = b'y' * 65536\n"
+    "out = sys.stdout.buffer\n"
+    "start, sent = time.monotonic(), 0\n"
+    "while True:\n"
+    "    out.write(block)\n"
+    "    out.flush()\n"
+    "    sent += len(block)\n"
+    "    ahead = sent / {rate} - (time.monotonic() - start)\n"
+    "    if ahead > 0:\n"
+    "        time.sleep(ahead)\n"
+)
+"""Writes 64 KiB blocks at ``rate`` bytes per second until it is killed."""
+
+
+async def _consume(port: int, path: str, token: str, slow: bool, received: list[int]) -> None:
+    """One consumer on a raw socket, until cancelled: as fast as it can, or ``slow``
+    (256 KiB every quarter of a second)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(
+            f"GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\r\n".encode()
+        )
+        while data := await reader.read(256 * 1024):
+            received[0] += len(data)
+            if slow:
+                await asyncio.sleep(0.25)  # sleep-ok: a slow reader's pace
+    finally:
+        writer.close()
+
+
+@dataclass
+class ConsumersRun:
+    fresh: float
+    idle: float
+    peak: float
+    end: float
+    after: float
+    received_mib: float
+
+
+async def consumers_run(count: int, seconds: float, rate: int, loop: str) -> ConsumersRun:
+    """The daemon's anonymous RSS (MiB) with ``count`` consumers of one process writing
+    ``rate`` bytes/s for ``seconds``, and 10 s after they left."""
+    daemon = Daemon(event_loop=loop)
+    try:
+        headers = {"Authorization": f"Bearer {daemon.token}"}
+        async with httpx.AsyncClient(base_url=daemon.url, headers=headers, timeout=60) as http:
+            fresh = daemon.rss_mib()
+            sbx = (await http.post("/sandboxes", json={})).json()["sandbox_id"]
+            argv = [sys.executable, "-c", PRODUCER.format(rate=rate)]
+            pid = (await http.post(f"/sandboxes/{sbx}/processes", json={"argv": argv})).json()[
+                "pid"
+            ]
+            base = f"/sandboxes/{sbx}/processes/{pid}"
+            await asyncio.sleep(3)  # sleep-ok: the idle daemon, its process's cache filled
+            idle = daemon.rss_mib()
+            head = (await http.get(base)).json()["head"]
+            received = [0]
+            path = f"{base}/stream?cursor={head}"
+            readers = [
+                asyncio.ensure_future(
+                    _consume(daemon.port, path, daemon.token, i % 4 == 3, received)
+                )
+                for i in range(count)
+            ]
+            peak, started = idle, time.monotonic()
+            while time.monotonic() - started < seconds:
+                await asyncio.sleep(0.5)  # sleep-ok: the measurement's pace
+                peak = max(peak, daemon.rss_mib())
+            end = daemon.rss_mib()
+            for task in readers:
+                task.cancel()
+            await asyncio.gather(*readers, return_exceptions=True)
+            await asyncio.sleep(10)  # sleep-ok: the target is 10 s after they left
+            after = daemon.rss_mib()
+            await http.delete(f"/sandboxes/{sbx}")
+        return ConsumersRun(fresh, idle, peak, end, after, received[0] / MIB)
+    finally:
+        daemon.stop()
+
+
+def _consumers_section(count: int, seconds: float, loop: str) -> None:
+    rate = 10 * 1000 * 1000
+    print(
+        f"\n== consumers: {count} raw-socket consumers (a quarter slow) of one process "
+        f"writing {rate / 1e6:.0f} MB/s, {seconds:.0f} s, daemon on {loop} =="
+    )
+    run = asyncio.run(consumers_run(count, seconds, rate, loop))
+    mb = MIB / 1e6
+    print(
+        f"   RSS (anonymous): fresh {run.fresh:.1f} MiB, idle (process writing) "
+        f"{run.idle:.1f} MiB; with consumers: peak +{(run.peak - run.idle) * mb:.1f} MB, "
+        f"at the end +{(run.end - run.idle) * mb:.1f} MB (target <= 100 MB); 10 s after "
+        f"they left +{(run.after - run.idle) * mb:.1f} MB (target <= 20 MB)"
+    )
+    print(
+        f"   delivered {run.received_mib:.0f} MiB in all, "
+        f"{run.received_mib / seconds:.0f} MiB/s; per consumer "
+        f"{(run.peak - run.idle) * MIB / count / 1024:.0f} KiB at the peak"
+    )
+
+
 def log_run(mode: str, pattern: str, count: int) -> tuple[float, float, float]:
     """(memory the log accounts for per MiB retained, MiB/s appended, MiB retained)."""
     config = DaemonConfig()
@@ -275,11 +388,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller transfers, one repeat")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--section", choices=["all", "daemon", "log", "consumers"], default="all")
+    parser.add_argument("--consumers", type=int, default=400)
+    parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio")
     args = parser.parse_args()
     repeat = 1 if args.quick else args.repeat
-    default = DaemonConfig().retention_bytes
-    big, small, huge = (128, 1, 256) if args.quick else (512, 2, 1024)
+    if args.section in ("all", "consumers"):
+        _consumers_section(args.consumers, args.seconds, args.loop)
+    if args.section in ("all", "daemon"):
+        _daemon_sections(args.quick, repeat)
+    if args.section in ("all", "log"):
+        _log_section(args.quick, repeat)
 
+
+def _daemon_sections(quick: bool, repeat: int) -> None:
+    default = DaemonConfig().retention_bytes
+    big, small, huge = (128, 1, 256) if quick else (512, 2, 1024)
     _daemon_section(
         f"one process, one consumer from cursor 0, then DELETE; retention {default // MIB} "
         f"MiB (default); 64 KiB writes: {big} MiB, 1-byte writes: {small} MiB",
@@ -292,9 +417,11 @@ def main() -> None:
         1,
     )
 
+
+def _log_section(quick: bool, repeat: int) -> None:
     print("\n== log alone (no daemon): default retention and cache ==")
     for pattern, count, times in (
-        ("1B", 300_000 if args.quick else 600_000, 1),
+        ("1B", 300_000 if quick else 600_000, 1),
         ("64KiB", 2048, repeat),
     ):
         row = {}

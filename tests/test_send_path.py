@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support import ChunkedDecoder
 
-from sandboxkit.daemon.app import _unsent
+from sandboxkit.daemon.app import _split
 from sandboxkit.daemon.host import Host
 from sandboxkit.daemon.process import ProcessSpec
 from sandboxkit.daemon.server import DaemonServer, event_loop_factory
@@ -231,8 +231,10 @@ def test_send_buffer_sizes_are_powers_of_two_within_bounds() -> None:
 @given(parts=st.lists(st.binary(max_size=40), max_size=8), cut=st.integers(0, 400))
 def test_what_the_kernel_did_not_take_is_the_exact_rest(parts: list[bytes], cut: int) -> None:
     """The daemon writes a body chunk's parts to the socket itself (asyncio); whatever
-    prefix the kernel took, the rest goes to the transport byte-exact."""
+    prefix the kernel took, the rest is written next, byte-exact, without a copy."""
     whole = b"".join(parts)
     sent = min(cut, len(whole))
     views: list[bytes | memoryview] = [memoryview(p) if i % 2 else p for i, p in enumerate(parts)]
-    assert _unsent(views, sent) == whole[sent:]
+    taken, rest = _split(views, sent)
+    assert b"".join(taken) == whole[:sent]
+    assert b"".join(rest) == whole[sent:]

@@ -52,7 +52,12 @@ from sandboxkit.daemon.schema import (
     decode_query,
     encode_json,
 )
-from sandboxkit.daemon.tcp_peer import SEND_BUFFER, size_send_buffer, window_closed_for
+from sandboxkit.daemon.tcp_peer import (
+    PENDING_BYTES,
+    SEND_BUFFER,
+    size_send_buffer,
+    window_closed_for,
+)
 from sandboxkit.errors import (
     FileNotFound,
     InvalidArgument,
@@ -133,13 +138,19 @@ _SELECTOR_TRANSPORT: Any = getattr(selector_events, "_SelectorSocketTransport", 
 _IOV_MAX = 1024
 
 
-def _unsent(parts: list[bytes | memoryview], sent: int) -> bytes:
-    """What is left of the concatenation of ``parts`` after its first ``sent`` bytes."""
+def _split(
+    parts: list[bytes | memoryview], n: int
+) -> tuple[list[bytes | memoryview], list[bytes | memoryview]]:
+    """The concatenation of ``parts`` cut after its first ``n`` bytes, as two lists of
+    the same objects (a part cut in two becomes two views of it: nothing is copied)."""
     for i, part in enumerate(parts):
-        if sent < len(part):
-            return b"".join([memoryview(part)[sent:], *parts[i + 1 :]])
-        sent -= len(part)
-    return b""
+        if n < len(part):
+            if n == 0:
+                return parts[:i], parts[i:]
+            view = memoryview(part)
+            return [*parts[:i], view[:n]], [view[n:], *parts[i + 1 :]]
+        n -= len(part)
+    return parts, []
 
 
 class _AsgiSink:
@@ -158,9 +169,15 @@ class _AsgiSink:
         self._socket = None if transport is None else transport.get_extra_info("socket")
         self._send_buffer = SEND_BUFFER  # inherited from the listener
         self._fd: int | None = None  # asyncio's own transport: see send_parts
+        self._limits: tuple[int, int] | None = None
         if isinstance(transport, _SELECTOR_TRANSPORT) and self._socket is not None:
             self._fd = self._socket.fileno()
+            # Paused as soon as it holds a byte, resumed once it holds none: what this
+            # stream hands it is then all the transport holds (see send_parts).
+            self._limits = transport.get_write_buffer_limits()
+            transport.set_write_buffer_limits(high=0)
         self._closing = False
+        self._torn = False  # a body chunk was cut short (see send_parts)
         self._gone = asyncio.Event()  # never set: waited on until the stream is cancelled
         self.closed = asyncio.Event()
 
@@ -174,38 +191,66 @@ class _AsgiSink:
             self._send_buffer = size_send_buffer(self._socket, nbytes, self._send_buffer)
 
     async def send_parts(self, parts: list[bytes | memoryview], size: int) -> None:
-        """Send the concatenation of ``parts`` as one body chunk, joined once."""
+        """Send the concatenation of ``parts`` as one body chunk.
+
+        The parts are the consumer's chunks as the log holds them (shared by every
+        consumer, or views of a mapped segment): they are written as they are, and what
+        the kernel does not take waits in ``parts``, not in a copy. asyncio's transport
+        copies what it is given, so it is given at most :data:`PENDING_BYTES` at a time,
+        and the next part goes to the socket once it wrote that (issue 19: a 1 MiB send's
+        rest, copied, per consumer, was most of the daemon's memory at 400 consumers).
+        uvloop's keeps references to the parts themselves: it gets the whole send."""
         cycle = self._cycle
-        if cycle is None:
+        if cycle is None or self._torn:
             await self.send(b"".join(parts))
             return
-        transport = cycle.transport
+        # One chunk of the chunked body.
+        chunk = [b"%x\r\n" % size, *parts, b"\r\n"]
+        if self._fd is None:
+            await self._writable()
+            cycle.transport.writelines(chunk)
+            return
+        await self._writable()
+        while chunk:
+            # The transport holds nothing now (its limits pause it at one byte): the
+            # socket can be written here, in order, gathered.
+            batch = chunk[:_IOV_MAX]
+            try:
+                sent = os.writev(self._fd, batch)
+            except OSError:  # full, or broken: the transport reports that its own way
+                sent = 0
+            chunk = _split(batch, sent)[1] + chunk[_IOV_MAX:]
+            if chunk:
+                # The kernel is full: a bounded copy to the transport, which writes it
+                # when the socket takes more and resumes this stream once it is empty.
+                piece, chunk = _split(chunk, PENDING_BYTES)
+                cycle.transport.write(b"".join(piece))
+            if chunk:
+                try:
+                    await self._writable()
+                except BaseException:
+                    # Cancelled (a kick, the peer gone) inside a body chunk: nothing
+                    # may follow it on this connection, which ends after what the
+                    # transport holds; the client reattaches from its cursor.
+                    self._torn = True
+                    cycle.transport.close()
+                    raise
+
+    async def _writable(self) -> None:
+        """Returns once the connection takes more bytes; waits for the stream to be
+        cancelled if its peer is gone."""
+        cycle = self._cycle
         if cycle.flow.write_paused and not cycle.disconnected:
             await cycle.flow.drain()
-        if cycle.disconnected or transport.is_closing():
+        if cycle.disconnected or cycle.transport.is_closing():
             # The peer is gone (the transport may know before uvicorn does): nothing more
             # to write. Wait for the disconnect to cancel this stream rather than drop
             # bytes in a loop that never yields.
             await self._gone.wait()
-        # One chunk of the chunked body.
-        head = b"%x\r\n" % size
-        chunk = [head, *parts, b"\r\n"]
-        if self._fd is None or transport.get_write_buffer_size() or len(chunk) > _IOV_MAX:
-            # uvloop hands the parts to the socket as they are (one gathered send, no
-            # join); asyncio joins them once, behind what its buffer holds.
-            transport.writelines(chunk)
-            return
-        # asyncio's transport, its buffer empty: written here, gathered, and only what
-        # the kernel did not take goes to the transport (which would join all of it, then
-        # copy what the kernel did not take twice more).
-        try:
-            sent = os.writev(self._fd, chunk)
-        except OSError:  # full, or broken: the transport reports that its own way
-            sent = 0
-        if sent < len(head) + size + 2:
-            transport.write(_unsent(chunk, sent))
 
     async def send(self, data: bytes) -> None:
+        if self._torn:
+            return  # a body chunk was cut short: the connection is closing
         if self._cycle is not None and data:
             await self.send_parts([data], len(data))
             return
@@ -215,6 +260,12 @@ class _AsgiSink:
         if self._closing:
             return
         self._closing = True
+        if self._torn:
+            self.closed.set()
+            return
+        if self._limits is not None and not self._cycle.transport.is_closing():
+            low, high = self._limits
+            self._cycle.transport.set_write_buffer_limits(high, low)
         # A peer that stopped reading must not hold this up: bounded, best effort.
         with contextlib.suppress(Exception):
             await within(

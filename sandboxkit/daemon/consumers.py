@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Literal, Protocol
 
 from sandboxkit._compat import within
+from sandboxkit.daemon import heap
 from sandboxkit.daemon.config import DaemonConfig
 from sandboxkit.daemon.events import EventJournal
 from sandboxkit.daemon.fanout import Fanout, Feed
@@ -79,6 +80,10 @@ the stall timeout."""
 
 _BACKPRESSURE = 0.005
 """A send that took this long (seconds) waited for the transport to drain."""
+
+CONNECTION_MEMORY = 64 * 1024
+"""About what a consumer's connection holds beyond its sends (its read buffer, the HTTP
+protocol's state): counted as released, with its largest send, when it leaves."""
 
 _ids = itertools.count(1)
 
@@ -162,6 +167,7 @@ class Consumer:
         self._kick_request: tuple[str, float] | None = None
         self._watchdog: asyncio.TimerHandle | None = None
         self._coalesce = min(config.send_batch, _FIRST_SENDS)
+        self._largest_send = 0
 
     # -- metrics ---------------------------------------------------------------------
 
@@ -295,6 +301,9 @@ class Consumer:
                 self._watchdog.cancel()
             feed.close()
             self._finish("kicked" if reason == "kicked" else "closed", reason)
+            # Its sends and its connection are freed once the connection closes: the
+            # heap is trimmed a moment later if enough consumers left (heap.py).
+            heap.released_soon(CONNECTION_MEMORY + self._largest_send)
             await sink.close()
 
     def kick(self, reason: str, blocked_for: float) -> None:
@@ -432,6 +441,7 @@ class Consumer:
                 self._size_buffer(int(drained))
         self.bytes_sent += size
         self.frames_sent += frames
+        self._largest_send = max(self._largest_send, size)
         self.last_send = time.time()
 
     # A send that makes no progress for ``stall_timeout`` gets the consumer kicked. Not a

@@ -5,24 +5,32 @@ them when live objects are interleaved with the freed ones: the daemon's RSS mea
 878 MiB after its sandboxes were deleted, 38 MiB after one ``malloc_trim(0)``. The call
 costs milliseconds and is only useful after a large release, so it is made then, at most
 once per :data:`MIN_INTERVAL`, and only where the C library is glibc.
+
+Consumers leaving are such a release too, spread over many small ones: each held its
+sends and its connection's buffers, 400 of them 25 MiB that stayed after they left
+(benchmarks/memory.py, ``--section consumers``). Their memory is freed only once their
+connections close, a moment after their streams end: :func:`released_soon`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ctypes
 import platform
 import time
 from collections.abc import Callable
 
-__all__ = ["MIN_INTERVAL", "THRESHOLD", "released"]
+__all__ = ["MIN_INTERVAL", "SETTLE", "THRESHOLD", "released", "released_soon"]
 
 THRESHOLD = 1 << 20
 """Releases smaller than this (bytes) are left to the allocator."""
 
 MIN_INTERVAL = 1.0
 """Seconds between two trims, however many releases come in between."""
+
+
+SETTLE = 0.5
+"""Seconds a trim waits after :func:`released_soon`, for the memory to be freed."""
 
 
 def _find_trim() -> Callable[[int], int] | None:
@@ -41,6 +49,7 @@ _trim = _find_trim()
 _last = -MIN_INTERVAL
 _owed = 0
 _later: asyncio.TimerHandle | None = None
+_later_loop: asyncio.AbstractEventLoop | None = None
 
 
 def released(size: int) -> bool:
@@ -62,10 +71,30 @@ def released(size: int) -> bool:
         _last, _owed = time.monotonic(), 0
         _trim(0)
         return True
-    if _later is None:
-        with contextlib.suppress(RuntimeError):  # no running loop: the next release trims
-            _later = asyncio.get_running_loop().call_later(wait, _deferred)
+    _trim_later(wait)
     return False
+
+
+def released_soon(size: int) -> None:
+    """Note that ``size`` bytes are about to be freed (within :data:`SETTLE`); if that,
+    with what was freed since the last trim, is worth it, trim the heap then — and not
+    within :data:`MIN_INTERVAL` of the last trim."""
+    global _owed
+    _owed += size
+    if _trim is not None and _owed >= THRESHOLD:
+        _trim_later(max(SETTLE, _last + MIN_INTERVAL - time.monotonic()))
+
+
+def _trim_later(wait: float) -> None:
+    """A trim ``wait`` seconds from now on the running loop, unless one is due there."""
+    global _later, _later_loop
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # no running loop: the next release trims
+        return
+    if _later is not None and _later_loop is loop and not _later.cancelled():
+        return
+    _later, _later_loop = loop.call_later(wait, _deferred), loop
 
 
 def _deferred() -> None:

@@ -13,7 +13,13 @@ import socket
 import sys
 from typing import Any
 
-__all__ = ["MAX_SEND_BUFFER", "SEND_BUFFER", "size_send_buffer", "window_closed_for"]
+__all__ = [
+    "MAX_SEND_BUFFER",
+    "PENDING_BYTES",
+    "SEND_BUFFER",
+    "size_send_buffer",
+    "window_closed_for",
+]
 
 SEND_BUFFER = 128 * 1024
 """Kernel send buffer every connection starts with (the kernel doubles it).
@@ -26,6 +32,19 @@ few tens of KB, and bounds the bytes a ghost's connection pins."""
 
 MAX_SEND_BUFFER = 1024 * 1024
 """Largest send buffer a consumer that drains fast is given (:func:`size_send_buffer`)."""
+
+
+PENDING_BYTES = 16 * 1024
+"""Most bytes of a consumer's send that asyncio's transport holds for it beyond what the
+kernel took (``app.py``, ``_AsgiSink.send_parts``).
+
+asyncio's transport copies what it is given: handed each consumer's 1 MiB sends whole, it
+held a private copy of what the kernel did not take, 743 KiB a consumer at 400 consumers
+of one process (300 MB, benchmarks/memory.py ``--section consumers``), and the heap kept
+it after they left. The rest of a send waits instead in the chunks it is made of, which
+the log and every other consumer share, and is written to the socket directly once the
+transport has written this much. (uvloop's transport keeps references to the parts it is
+given, not copies: it gets whole sends.)"""
 
 
 def size_send_buffer(sock: Any, nbytes: int, current: int) -> int:

@@ -1,0 +1,162 @@
+"""What a consumer may hold in the daemon's memory (issue 19, point 4): the bytes waiting
+in its connection's transport stay within a documented bound however slowly its peer reads,
+its sends shrink as consumers multiply, and memory goes back to the system when they leave."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import sys
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import pytest
+from uvicorn.protocols.http.flow_control import FlowControl
+
+from sandboxkit.daemon import heap
+from sandboxkit.daemon.app import _AsgiSink
+from sandboxkit.daemon.host import Host
+from sandboxkit.daemon.process import ProcessSpec
+from sandboxkit.daemon.server import DaemonServer
+from sandboxkit.daemon.tcp_peer import PENDING_BYTES
+
+
+class _Protocol(asyncio.Protocol):
+    """The server side of a connection, forwarding flow control as uvicorn's protocols do."""
+
+    flow: FlowControl
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.flow = FlowControl(transport)
+
+    def pause_writing(self) -> None:
+        self.flow.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.flow.resume_writing()
+
+
+async def _connection() -> tuple[Any, socket.socket]:
+    """A cycle (transport, flow, disconnected) on a real loopback socket, and its peer,
+    both with small kernel buffers (a peer that reads slowly fills them at once)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    peer = socket.create_connection(listener.getsockname())
+    peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
+    server, _ = listener.accept()
+    listener.close()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16 * 1024)
+    server.setblocking(False)
+    transport, protocol = await asyncio.get_running_loop().connect_accepted_socket(
+        _Protocol, server
+    )
+    return SimpleNamespace(transport=transport, flow=protocol.flow, disconnected=False), peer
+
+
+async def test_a_slow_peer_never_has_more_than_the_bound_buffered_in_the_daemon() -> None:
+    """A 4 MiB send to a peer that reads 16 KiB at a time: the daemon's transport never
+    holds more than ``PENDING_BYTES`` for it (the rest waits, unjoined, in the consumer's
+    send), and the peer gets every byte in order."""
+    cycle, peer = await _connection()
+    sink = _AsgiSink(None, cycle)  # type: ignore[arg-type]
+    parts: list[bytes | memoryview] = [bytes([65 + i % 26]) * 65536 for i in range(64)]
+    size = sum(map(len, parts))
+    sending = asyncio.ensure_future(sink.send_parts(parts, size))
+    received = bytearray()
+    expected = b"%x\r\n" % size + b"".join(parts) + b"\r\n"
+    peer.setblocking(False)
+    most = 0
+    loop = asyncio.get_running_loop()
+    try:
+        while len(received) < len(expected):
+            most = max(most, cycle.transport.get_write_buffer_size())
+            received += await loop.sock_recv(peer, 16 * 1024)
+        await asyncio.wait_for(sending, 5)
+    finally:
+        sending.cancel()
+        cycle.transport.close()
+        peer.close()
+    assert received == expected
+    assert most <= PENDING_BYTES, most
+
+
+class _Sink:
+    """Takes every send at once."""
+
+    async def send(self, data: bytes) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_consumers_that_leave_have_the_heap_trimmed(
+    host: Host, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What consumers held (their sends, their connections' buffers) is freed when they
+    leave, but glibc keeps the pages: their leaving asks for a trim (rate-limited by
+    sandboxkit.daemon.heap), without any log being dropped."""
+    trims: list[int] = []
+    monkeypatch.setattr(heap, "_trim", lambda pad: trims.append(pad) or 1)
+    monkeypatch.setattr(heap, "_last", -heap.MIN_INTERVAL)
+    monkeypatch.setattr(heap, "_owed", 0)
+    monkeypatch.setattr(heap, "_later", None)
+    sbx = await host.create_sandbox()
+    write = "import sys; sys.stdout.buffer.write(b'x' * 262144)"
+    process = await sbx.start_process(ProcessSpec(argv=(sys.executable, "-c", write)))
+    await process.wait()
+    for _ in range(16):
+        await host.start_stream(host.open_consumer(process, 0), _Sink())
+    deadline = time.monotonic() + 5
+    while not trims:
+        assert time.monotonic() < deadline, "no trim after 16 consumers left"
+        await asyncio.sleep(0.02)  # sleep-ok: polling with a deadline
+    assert process.log.memory_bytes > 0  # its log kept its cache: no log was dropped
+
+
+def test_slow_readers_of_the_daemon_never_have_more_than_the_bound_in_its_transports(
+    daemon: DaemonServer,
+) -> None:
+    """Through the daemon (asyncio, as a plain install serves): four readers taking 16 KiB
+    every 20 ms of a process that wrote 4 MiB at once. However their sends are sized, no
+    connection of theirs holds more than ``PENDING_BYTES`` in the daemon's transport while
+    they read (for a second)."""
+    headers = {"Authorization": f"Bearer {daemon.token}"}
+    with httpx.Client(base_url=daemon.url, headers=headers, timeout=10) as http:
+        sid = http.post("/sandboxes", json={}).json()["sandbox_id"]
+        write = "import sys; sys.stdout.buffer.write(b'x' * 4194304)"
+        argv = [sys.executable, "-c", write]
+        pid = http.post(f"/sandboxes/{sid}/processes", json={"argv": argv}).json()["pid"]
+        host, port = daemon.url.removeprefix("http://").rsplit(":", 1)
+        readers = []
+        for _ in range(4):
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
+            sock.connect((host, int(port)))
+            sock.sendall(
+                f"GET /sandboxes/{sid}/processes/{pid}/stream?cursor=0 HTTP/1.1\r\n"
+                f"Host: x\r\nAuthorization: Bearer {daemon.token}\r\n"
+                "Connection: close\r\n\r\n".encode()
+            )
+            sock.setblocking(False)
+            readers.append(sock)
+        connections = daemon._server.server_state.connections
+        received = [0] * len(readers)
+        most = 0
+        until = time.monotonic() + 1
+        try:
+            while time.monotonic() < until:
+                most = max([most, *(c.transport.get_write_buffer_size() for c in connections)])
+                for i, sock in enumerate(readers):
+                    with contextlib.suppress(BlockingIOError):
+                        received[i] += len(sock.recv(16 * 1024))
+                time.sleep(0.02)  # sleep-ok: the readers' slow pace
+        finally:
+            for sock in readers:
+                sock.close()
+        http.delete(f"/sandboxes/{sid}")
+    assert all(n > 256 * 1024 for n in received), received
+    assert most <= PENDING_BYTES, most
