@@ -40,6 +40,8 @@ from sandboxkit.errors import (
     StreamInterrupted,
     StreamStalled,
     Unauthorized,
+    WaitTimeout,
+    WorkdirMissing,
 )
 from sandboxkit.results import CommandResult
 
@@ -122,6 +124,8 @@ __all__ = [
     "StreamInterrupted",
     "StreamStalled",
     "Unauthorized",
+    "WaitTimeout",
+    "WorkdirMissing",
     "__version__",
     "attempt",
 ]

@@ -113,6 +113,12 @@ def _cmd_status(args: argparse.Namespace) -> int:
     sandboxes = _get(state, "/sandboxes")
     uptime = time.time() - state.started_at
     print(f"daemon {state.url} pid {state.pid} version {state.version} up {uptime:.0f}s")
+    health = _get(state, "/health")
+    if health.get("root_missing"):
+        print(
+            f"  warning: the daemon's root {health.get('root')} was removed from outside the "
+            "daemon; it can create no sandbox (restart it: sandboxkit stop)"
+        )
     live = [s for s in sandboxes if s["state"] != "killed"]
     for s in live:
         timeout = "never" if s.get("timeout") is None else f"{s['timeout']:g}s"

@@ -51,6 +51,7 @@ from sandboxkit.errors import (
     StreamInterrupted,
     StreamStalled,
     Unauthorized,
+    WaitTimeout,
     error_from_wire,
 )
 from sandboxkit.wire import FrameDecoder, FrameKind
@@ -599,6 +600,7 @@ def test_client_only_errors_are_never_the_daemons() -> None:
         DaemonUnavailable,
         OutputGap,
         OutputIncomplete,
+        WaitTimeout,
     }
     assert {cls for cls in ERROR_TABLE.values() if cls.origin == "client"} == client_only
     assert set(DAEMON_ERROR_TABLE.values()) == set(ERROR_TABLE.values()) - client_only
@@ -688,6 +690,7 @@ _SAMPLES: dict[str, Any] = {
     "field": "timeout",
     "result": None,
     "path": "sub/missing.txt",
+    "timeout": 1.5,
 }
 
 

@@ -316,6 +316,8 @@ class _Api:
                 "started_at": self.host.started_at,
                 "sandboxes": len(self.host.sandboxes),
                 "closing": self.host.closing,
+                "root": str(self.host.root),
+                "root_missing": not self.host.root.is_dir(),
             }
         )
 
@@ -745,7 +747,9 @@ def _guarded(handler: Handler, host: Host) -> Handler:
             return _error_response(exc)
         except Exception as exc:
             host.journal.record("api.error", reason=type(exc).__name__, error=repr(exc)[:500])
-            return _error_response(SandboxkitError(f"internal error: {type(exc).__name__}"))
+            # Name the cause (an OSError's message carries the file it is about).
+            cause = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            return _error_response(SandboxkitError(f"internal error: {cause}"[:500]))
 
     return run
 

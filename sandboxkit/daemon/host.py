@@ -14,11 +14,11 @@ from typing import Any
 from sandboxkit.daemon.config import DaemonConfig
 from sandboxkit.daemon.consumers import Consumer, FrameSink, check_role
 from sandboxkit.daemon.events import EventJournal
-from sandboxkit.daemon.freezer import Freezer, make_freezer
+from sandboxkit.daemon.freezer import Freezer, daemon_cgroup_for, make_freezer
 from sandboxkit.daemon.process import ManagedProcess
-from sandboxkit.daemon.recovery import ROOT_PREFIX, claim_root, recover
+from sandboxkit.daemon.recovery import ROOT_PREFIX, RootLock, claim_root, recover
 from sandboxkit.daemon.sandbox import ManagedSandbox, OnTimeout
-from sandboxkit.errors import InvalidArgument, SandboxNotFound, SandboxPaused
+from sandboxkit.errors import InvalidArgument, SandboxNotFound, SandboxPaused, WorkdirMissing
 from sandboxkit.lab_options import LabOptions
 
 __all__ = ["Host"]
@@ -37,8 +37,11 @@ class Host:
         self._own_root = self.config.root_dir is None
         self.root = Path(self.config.root_dir or tempfile.mkdtemp(prefix=ROOT_PREFIX))
         self.root.mkdir(parents=True, exist_ok=True)
+        self._root_lock: RootLock | None = None
         if self._own_root:
-            claim_root(self.root)
+            self._root_lock = claim_root(self.root, daemon_cgroup_for(self.config.freezer))
+        self.root_missing = False
+        """True once the root was found removed from outside (see :meth:`check_root`)."""
         self._housekeeper: asyncio.Task[None] | None = None
         self._streams: set[asyncio.Task[None]] = set()
         self.closing = False
@@ -85,6 +88,8 @@ class Host:
             await sandbox.release()
         if self._own_root:
             shutil.rmtree(self.root, ignore_errors=True)
+        if self._root_lock is not None:
+            self._root_lock.close()
 
     # -- sandboxes -------------------------------------------------------------------
 
@@ -100,6 +105,7 @@ class Host:
     ) -> ManagedSandbox:
         """Create a sandbox with its own working directory and process tree; ``lab``
         makes it a fault-lab sandbox (see :mod:`sandboxkit.daemon.faults`)."""
+        self.check_root()
         sandbox_id = "sbx-" + secrets.token_hex(4)
         workdir = self.root / sandbox_id
         workdir.mkdir()
@@ -130,6 +136,20 @@ class Host:
             "sandbox.created", sandbox_id=sandbox_id, reason="user", timeout=timeout
         )
         return sandbox
+
+    def check_root(self) -> None:
+        """WorkdirMissing naming the root if it was removed from outside the daemon
+        (journalled once as ``host.root_missing``): nothing can be created without it."""
+        if self.root.is_dir():
+            return
+        if not self.root_missing:
+            self.root_missing = True
+            self.journal.record("host.root_missing", reason="removed", root=str(self.root))
+        raise WorkdirMissing(
+            f"the daemon's root directory {self.root} was removed from outside the daemon; "
+            "restart the daemon (sandboxkit stop)",
+            path=str(self.root),
+        )
 
     def get(self, sandbox_id: str) -> ManagedSandbox:
         """The sandbox, or SandboxNotFound."""
@@ -221,6 +241,8 @@ class Host:
             await asyncio.sleep(self.config.housekeeping_interval)
             now = time.monotonic()
             wall = time.time()
+            with contextlib.suppress(WorkdirMissing):  # journalled once by check_root
+                self.check_root()
             for sandbox in list(self.sandboxes.values()):
                 try:
                     await self._tend(sandbox, now, wall)

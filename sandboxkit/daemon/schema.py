@@ -138,6 +138,10 @@ class Health(Struct):
     started_at: float
     sandboxes: int
     closing: bool
+    root: str
+    """The daemon's directory of working directories."""
+    root_missing: bool
+    """True if the root was removed from outside the daemon: it can create nothing more."""
 
 
 class SandboxInfo(Struct):
