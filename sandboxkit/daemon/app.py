@@ -338,8 +338,12 @@ class _Api:
     async def list_sandboxes(self, request: Request) -> Response:
         return JsonResponse([s.to_json() for s in self.host.sandboxes.values()])
 
+    # Looking is not activity (docs/protocol.md, "What keeps a sandbox alive"): the read
+    # routes look a sandbox up with host.get, which neither restarts its idle timer nor
+    # resumes it; host.access is for commands, stdin, file writes and streams.
+
     async def get_sandbox(self, request: Request) -> Response:
-        sandbox = await self.host.access(request.path_params["sid"])
+        sandbox = self.host.get(request.path_params["sid"])
         return JsonResponse(sandbox.to_json())
 
     async def kill_sandbox(self, request: Request) -> Response:
@@ -388,12 +392,12 @@ class _Api:
         return JsonResponse(process.to_json(), status_code=201)
 
     async def list_processes(self, request: Request) -> Response:
-        sandbox = await self.host.access(request.path_params["sid"])
+        sandbox = self.host.get(request.path_params["sid"])
         return JsonResponse([p.to_json() for p in sandbox.processes.values()])
 
     async def get_process(self, request: Request) -> Response:
         pid = _pid(request)
-        sandbox = await self.host.access(request.path_params["sid"])
+        sandbox = self.host.get(request.path_params["sid"])
         return JsonResponse(sandbox.retained_process(pid).to_json())
 
     async def kill_process(self, request: Request) -> Response:

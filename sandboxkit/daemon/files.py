@@ -134,13 +134,13 @@ class FilesApi:
 
     async def read(self, request: Request) -> Response:
         query = decode_query(dict(request.query_params), FileQuery)
-        sandbox = await self.host.access(request.path_params["sid"])
+        sandbox = self.host.get(request.path_params["sid"])  # a read: not activity
         target = resolve(sandbox, query.file)
         return _json({**entry(target), "data": read(target)})
 
     async def list(self, request: Request) -> Response:
         query = decode_query(dict(request.query_params), FileQuery)
-        sandbox = await self.host.access(request.path_params["sid"])
+        sandbox = self.host.get(request.path_params["sid"])  # a read: not activity
         return _json(list_dir(resolve(sandbox, query.file or ".")))
 
 

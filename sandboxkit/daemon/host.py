@@ -159,8 +159,10 @@ class Host:
             raise SandboxNotFound(f"no sandbox {sandbox_id}", sandbox_id=sandbox_id) from None
 
     async def access(self, sandbox_id: str, *, needs_running: bool = False) -> ManagedSandbox:
-        """Look up a sandbox for a request: restart its idle timer and, if it is paused,
-        auto-resume it or (for requests that need it running) refuse with SandboxPaused."""
+        """Look up a sandbox for a request that is activity (a command, stdin, a file
+        write, an attached stream; not a read — those use :meth:`get`): restart its idle
+        timer and, if it is paused, auto-resume it or (for requests that need it running)
+        refuse with SandboxPaused."""
         sandbox = self.get(sandbox_id)
         sandbox.touch()
         if sandbox.state == "paused":
