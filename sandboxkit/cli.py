@@ -63,8 +63,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except UnsafeBind as exc:
         print(f"sandboxkit: {exc}", file=sys.stderr)
         return 2
-    except OSError as exc:  # e.g. the envd port is taken
-        print(f"sandboxkit: cannot listen: {exc.strerror or exc}", file=sys.stderr)
+    except OSError as exc:  # e.g. the envd port is taken: the message names it
+        print(f"sandboxkit: {exc.strerror or exc}", file=sys.stderr)
         return 2
     print(f"sandboxkit {__version__} serving on {server.url} (pid {os.getpid()})", flush=True)
     if server.envd is not None:
@@ -504,5 +504,15 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``sandboxkit`` command."""
     args = _parser().parse_args(argv)
-    result: int = args.func(args)
+    try:
+        result: int = args.func(args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader left (`sandboxkit ps | head`): stop quietly, as a process that
+        # SIGPIPE ended would. Python ignores SIGPIPE, so the write raised instead; point
+        # stdout at /dev/null so the interpreter's last flush has nowhere to fail.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 128 + signal.SIGPIPE
     return result
