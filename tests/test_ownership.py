@@ -356,3 +356,31 @@ def test_a_removed_workdir_is_named_when_a_command_starts(daemon: Any) -> None:
         assert caught.value.path == str(workdir)
         assert caught.value.sandbox_id == sbx.sandbox_id
         assert "cwd does not exist" not in str(caught.value)
+
+
+@pytest.mark.timeout(30)
+def test_a_dead_daemons_marked_processes_are_reaped_only_for_its_own_user() -> None:
+    from sandboxkit.daemon.freezer.marks import MARK_VAR, Mark, daemon_mark, reap_marked_orphans
+    from sandboxkit.daemon.freezer.proc import Ident
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    ours = daemon_mark("sbx-ownertest", "1")
+    gone = Ident(dead.pid, 1)  # its pid may be reused; its start time cannot be 1 tick
+    marks = {
+        "ours": Mark(gone, ours.pidns, "sbx-x", "1", os.geteuid()),
+        "theirs": Mark(gone, ours.pidns, "sbx-x", "1", os.geteuid() + 1),
+    }
+    assert Mark.parse(str(marks["theirs"])) == marks["theirs"]
+    procs = {
+        name: subprocess.Popen(["sleep", "60"], env={**os.environ, MARK_VAR: str(mark)})
+        for name, mark in marks.items()
+    }
+    try:
+        reap_marked_orphans(timeout=1.0)
+        wait_until(lambda: procs["ours"].poll() is not None, what="our dead daemon's process")
+        assert procs["theirs"].poll() is None, "another user's daemon's process was killed"
+    finally:
+        for proc in procs.values():
+            proc.kill()
+            proc.wait(10)
