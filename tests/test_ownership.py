@@ -323,7 +323,9 @@ def test_recovery_never_takes_another_users_root(tmp_path: Path) -> None:
 # -- a root or working directory removed from outside ---------------------------------------
 
 
-def test_a_removed_root_is_named_in_the_error_the_journal_and_health(daemon: Any) -> None:
+def test_a_removed_root_is_named_in_the_error_the_journal_and_health(
+    daemon: Any, tmp_path: Path
+) -> None:
     from sandboxkit import Sandbox, WorkdirMissing
 
     root = daemon.host.root
@@ -343,6 +345,19 @@ def test_a_removed_root_is_named_in_the_error_the_journal_and_health(daemon: Any
     with pytest.raises(WorkdirMissing) as caught:
         Sandbox.create(url=daemon.url, token=daemon.token)
     assert caught.value.path == str(root)
+    from sandboxkit.statefile import DaemonState, write_state
+
+    state_file = tmp_path / "daemon.json"
+    write_state(state_file, DaemonState(daemon.url, os.getpid(), daemon.token, time.time(), "t"))
+    status = subprocess.run(
+        [sys.executable, "-m", "sandboxkit", "status", "--state-file", str(state_file)],
+        env=cli_env(state_file),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert status.returncode == 0, status.stderr
+    assert f"root {root} was removed" in status.stdout, status.stdout
 
 
 def test_a_removed_workdir_is_named_when_a_command_starts(daemon: Any) -> None:

@@ -23,6 +23,8 @@ sandbox starts carries its daemon's pid, start time and pid namespace in its env
 a daemon *of this pid namespace* that no longer runs are killed, with their sessions and
 descendants. Marks of another namespace are not ours to judge and are left alone.
 
+A daemon given its root (``DaemonConfig.root_dir``) does not own it: it takes no lock
+there, and no successor scans or removes it (its cgroup is removed at its exit only).
 Until a successor starts, a dead daemon's processes keep running.
 """
 
