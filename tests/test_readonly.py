@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from freezer_support import cli_env
 
-from sandboxkit import AsyncSandbox
+from sandboxkit import AsyncSandbox, FileNotFound
 from sandboxkit.daemon.server import DaemonServer
 from sandboxkit.statefile import DaemonState, write_state
 
@@ -67,7 +67,11 @@ async def test_looking_does_not_keep_a_sandbox_alive(
 
         async def look() -> None:
             for read in readers:
-                await read()
+                try:
+                    await read()
+                except FileNotFound:  # the files went with the sandbox, killed meanwhile
+                    assert core.state == "killed"
+                    return
 
         took = await _until(lambda: core.state == "killed", 10, look)
         assert took < 1.0 + 2.0, f"looked at it every {_PACE}s and it lived {took:.1f}s"
