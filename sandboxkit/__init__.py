@@ -43,6 +43,8 @@ from sandboxkit.errors import (
     StreamInterrupted,
     StreamStalled,
     Unauthorized,
+    WaitTimeout,
+    WorkdirMissing,
 )
 from sandboxkit.results import CommandResult
 
@@ -128,6 +130,8 @@ __all__ = [
     "StreamInterrupted",
     "StreamStalled",
     "Unauthorized",
+    "WaitTimeout",
+    "WorkdirMissing",
     "__version__",
     "attempt",
 ]

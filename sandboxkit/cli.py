@@ -1,9 +1,10 @@
 """sandboxkit: local sandboxes for long-lived processes whose output streams never stall.
 
 Commands: serve (run a daemon in the foreground), status (the local daemon and its live
-sandboxes), ps (sandboxes and their processes), kill (kill a sandbox), logs (print or
-follow a process's output from a cursor), stop (stop the local daemon), demo (the stall
-experiment, on a private daemon), tour (a walk through the runtime, on a private daemon).
+sandboxes), ps (sandboxes and their processes), run (start a command, in a new sandbox or
+a named one), kill (kill a sandbox), logs (print or follow a process's output from a
+cursor), stop (stop the local daemon), demo (the stall experiment, on a private daemon),
+tour (a walk through the runtime, on a private daemon).
 
 Without --state-file, the commands find this install's local daemon through the state
 file: $SANDBOXKIT_STATE_FILE, else $XDG_RUNTIME_DIR/sandboxkit/daemon.json, else
@@ -17,6 +18,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -69,8 +71,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except UnsafeBind as exc:
         print(f"sandboxkit: {exc}", file=sys.stderr)
         return 2
-    except OSError as exc:  # e.g. the envd port is taken
-        print(f"sandboxkit: cannot listen: {exc.strerror or exc}", file=sys.stderr)
+    except OSError as exc:  # e.g. the envd port is taken: the message names it
+        print(f"sandboxkit: {exc.strerror or exc}", file=sys.stderr)
         return 2
     print(f"sandboxkit {__version__} serving on {server.url} (pid {os.getpid()})", flush=True)
     if server.envd is not None:
@@ -119,11 +121,17 @@ def _cmd_status(args: argparse.Namespace) -> int:
     sandboxes = _get(state, "/sandboxes")
     uptime = time.time() - state.started_at
     print(f"daemon {state.url} pid {state.pid} version {state.version} up {uptime:.0f}s")
-    isolation = _get(state, "/health").get("isolation") or {}
+    health = _get(state, "/health")
+    isolation = health.get("isolation") or {}
     if isolation.get("available"):
         print(f"  isolation: namespaces available (default {isolation.get('default')})")
     elif isolation:
         print(f"  isolation: NONE — sandboxes are not isolated: {isolation.get('reason')}")
+    if health.get("root_missing"):
+        print(
+            f"  warning: the daemon's root {health.get('root')} was removed from outside the "
+            "daemon; it can create no sandbox (restart it: sandboxkit stop)"
+        )
     live = [s for s in sandboxes if s["state"] != "killed"]
     for s in live:
         timeout = "never" if s.get("timeout") is None else f"{s['timeout']:g}s"
@@ -189,17 +197,109 @@ def _cmd_logs(args: argparse.Namespace) -> int:
     if state is None:
         return 1
     try:
-        return asyncio.run(_logs(state, args.sandbox_id, args.pid, args.cursor, args.follow))
+        return asyncio.run(
+            _stopped_by_sigterm(_logs(state, args.sandbox_id, args.pid, args.cursor, args.follow))
+        )
     except KeyboardInterrupt:  # Ctrl-C on --follow: _logs printed where to resume
         return 130
 
 
+async def _stopped_by_sigterm(work: Coroutine[Any, Any, int]) -> int:
+    """Run ``work``; SIGTERM cancels it as Ctrl-C does (so its ``finally`` says where to
+    resume) and ends with 143, as a process SIGTERM ended."""
+    import asyncio
+
+    task = asyncio.ensure_future(work)
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if not task.cancelled():
+            raise
+        return 128 + signal.SIGTERM
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from sandboxkit.errors import SandboxkitError
+
+    command = list(args.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        print("sandboxkit run: no command given (sandboxkit run -- CMD ...)", file=sys.stderr)
+        return 2
+    if args.sandbox is not None:
+        state = _running(args)
+        if state is None:
+            return 1
+    else:
+        from sandboxkit.client.local import ensure_local_daemon
+
+        try:  # a new sandbox needs no daemon running yet: start the local one, as Python does
+            state = ensure_local_daemon(Path(args.state_file) if args.state_file else None)
+        except SandboxkitError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+    try:
+        return asyncio.run(_stopped_by_sigterm(_run(state, args, command)))
+    except KeyboardInterrupt:  # Ctrl-C on --follow: the process runs on; _logs said so
+        return 130
+
+
+async def _run(state: DaemonState, args: argparse.Namespace, command: list[str]) -> int:
+    """Start ``command`` (one word: a shell command line; more: an argv, no shell) in the
+    named sandbox or a new one; say which sandbox and pid; with ``--follow``, stream its
+    output and end with its exit code."""
+    from sandboxkit.client.api import ApiClient
+    from sandboxkit.errors import SandboxkitError, SandboxNotFound
+
+    api = ApiClient(state.url, state.token)
+    try:
+        sandbox_id = args.sandbox
+        if sandbox_id is None:
+            body: dict[str, Any] = {"metadata": {"created_by": "sandboxkit run"}}
+            if args.timeout is not None:
+                body.update(timeout=args.timeout, on_timeout="kill")
+            sandbox_id = (await api.call("POST", "/sandboxes", json=body))["sandbox_id"]
+        spec: dict[str, Any] = {"cmd": command[0]} if len(command) == 1 else {"argv": command}
+        try:
+            started = await api.call("POST", f"/sandboxes/{sandbox_id}/processes", json=spec)
+        except SandboxNotFound:
+            print(f"no sandbox {sandbox_id}", file=sys.stderr)
+            return 1
+    except SandboxkitError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        await api.aclose()
+    pid = int(started["pid"])
+    said = f"sandbox {sandbox_id} pid {pid}"
+    if not args.follow:
+        print(said)
+        print(f"# follow it: sandboxkit logs {sandbox_id} {pid} --follow", file=sys.stderr)
+        return 0
+    print(f"# {said}", file=sys.stderr, flush=True)
+    return await _logs(state, sandbox_id, pid, 0, True, exit_code=True)
+
+
 async def _logs(
-    state: DaemonState, sandbox_id: str, pid: int, cursor: int | None, follow: bool
+    state: DaemonState,
+    sandbox_id: str,
+    pid: int,
+    cursor: int | None,
+    follow: bool,
+    *,
+    exit_code: bool = False,
 ) -> int:
     """Write the process's output byte for byte (stdout to stdout, stderr to stderr) from
     ``cursor``; without ``follow`` up to the output there is now. Ends by telling on
-    stderr the cursor to resume from."""
+    stderr the cursor to resume from. ``exit_code``: end with the process's exit code
+    (128 + the signal for one a signal ended), not 0."""
     from sandboxkit.client.api import ApiClient
     from sandboxkit.errors import SandboxkitError
     from sandboxkit.wire import FrameKind
@@ -235,6 +335,8 @@ async def _logs(
                     ended = True
                     code = frame.meta.get("exit_code")
                     print(f"# process {pid} exited with code {code}", file=sys.stderr)
+                    if exit_code and isinstance(code, int):
+                        return code if code >= 0 else 128 - code
                     break
                 elif frame.kind is FrameKind.ERROR:
                     raise frame.error()
@@ -473,10 +575,47 @@ def _parser() -> argparse.ArgumentParser:
         "--follow",
         "-f",
         action="store_true",
-        help="keep printing new output until the process exits (Ctrl-C stops)",
+        help="keep printing new output until the process exits (Ctrl-C or SIGTERM stops, "
+        "printing the cursor to resume from)",
     )
     logs.add_argument("--state-file", help=_STATE_FILE_HELP)
     logs.set_defaults(func=_cmd_logs)
+
+    run = _sub(
+        sub,
+        "run",
+        "start a command in a new sandbox (or --sandbox ID) and print the sandbox id and pid",
+    )
+    run.add_argument(
+        "--sandbox",
+        metavar="ID",
+        default=None,
+        help="run in this sandbox (see ps) instead of a new one (default: a new sandbox, "
+        "starting the local daemon if none runs)",
+    )
+    run.add_argument(
+        "--follow",
+        "-f",
+        action="store_true",
+        help="stream its output and exit with its exit code (Ctrl-C or SIGTERM stops "
+        "following; the process runs on)",
+    )
+    run.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="a new sandbox's idle timeout in seconds, then kill (see docs/protocol.md, what "
+        "keeps a sandbox alive; default: none, until sandboxkit kill ID)",
+    )
+    run.add_argument("--state-file", help=_STATE_FILE_HELP)
+    run.add_argument(
+        "command",
+        nargs=argparse.REMAINDER,
+        metavar="-- CMD ...",
+        help="the command: one word is a shell command line (`-- 'make && make test'`), "
+        "more are an argv run without a shell (`-- python train.py --epochs 3`)",
+    )
+    run.set_defaults(func=_cmd_run)
 
     stop = _sub(sub, "stop", "stop the local daemon; every sandbox process is killed")
     stop.add_argument("--state-file", help=_STATE_FILE_HELP)
@@ -548,5 +687,15 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``sandboxkit`` command."""
     args = _parser().parse_args(argv)
-    result: int = args.func(args)
+    try:
+        result: int = args.func(args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader left (`sandboxkit ps | head`): stop quietly, as a process that
+        # SIGPIPE ended would. Python ignores SIGPIPE, so the write raised instead; point
+        # stdout at /dev/null so the interpreter's last flush has nowhere to fail.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 128 + signal.SIGPIPE
     return result

@@ -36,6 +36,10 @@ shown under both)::
         InvalidArgument
         PayloadTooLarge
         IsolationUnavailable
+        WorkdirMissing
+        WaitTimeout
+    TimeoutError
+        WaitTimeout
 
 ``NotFound``: what the request names is not there (or no longer). ``StreamInterrupted``:
 an output stream stopped before its end frame; the process may well run on.
@@ -83,6 +87,8 @@ __all__ = [
     "StreamInterrupted",
     "StreamStalled",
     "Unauthorized",
+    "WaitTimeout",
+    "WorkdirMissing",
     "error_from_wire",
 ]
 
@@ -378,6 +384,32 @@ class IsolationUnavailable(SandboxkitError):
     missing: str | None
 
 
+class WorkdirMissing(SandboxkitError):
+    """A directory the daemon made is gone, removed from outside the daemon (a cleanup of
+    the temp directory, another program): ``path`` is the daemon's root (then nothing can
+    be created until the daemon restarts) or a sandbox's working directory (``sandbox_id``;
+    that sandbox can run nothing more)."""
+
+    code = "workdir_missing"
+    status = 410
+    fields = ("path", "sandbox_id")
+    path: str | None
+    sandbox_id: str | None
+
+
+class WaitTimeout(SandboxkitError, TimeoutError):
+    """``wait(timeout=)`` gave up after ``timeout`` seconds; the process runs on and the
+    handle keeps following it, so ``wait`` again later. Also a builtin ``TimeoutError``,
+    so code that caught that still does."""
+
+    code = "wait_timeout"
+    origin = "client"
+    status = 504
+    fields = ("pid", "timeout")
+    pid: int | None
+    timeout: float | None
+
+
 ERROR_TABLE: dict[str, type[SandboxkitError]] = {
     cls.code: cls
     for cls in (
@@ -401,6 +433,8 @@ ERROR_TABLE: dict[str, type[SandboxkitError]] = {
         InvalidArgument,
         PayloadTooLarge,
         IsolationUnavailable,
+        WorkdirMissing,
+        WaitTimeout,
     )
 }
 

@@ -52,6 +52,7 @@ from sandboxkit.errors import (
     StreamInterrupted,
     StreamStalled,
     Unauthorized,
+    WaitTimeout,
     error_from_wire,
 )
 from sandboxkit.wire import FrameDecoder, FrameKind
@@ -449,9 +450,8 @@ async def test_sdk_invalid_arguments_and_malformed_bodies(conn: dict[str, str]) 
         result = await sbx.commands.run("echo one")
         info = await sbx.commands.get(result.pid or 0)
         for cursor in (info.head + 1, -1):
-            handle = await sbx.commands.connect(info.pid, cursor=cursor)
-            with pytest.raises(InvalidArgument) as bad_cursor:
-                await asyncio.wait_for(handle.wait(), 10)
+            with pytest.raises(InvalidArgument) as bad_cursor:  # at connect, not at wait
+                await sbx.commands.connect(info.pid, cursor=cursor)
             assert bad_cursor.value.field == "cursor"
         # Cursor == head is valid: nothing more to read, just the exit.
         at_head = await sbx.commands.connect(info.pid, cursor=info.head)
@@ -600,6 +600,7 @@ def test_client_only_errors_are_never_the_daemons() -> None:
         DaemonUnavailable,
         OutputGap,
         OutputIncomplete,
+        WaitTimeout,
     }
     assert {cls for cls in ERROR_TABLE.values() if cls.origin == "client"} == client_only
     assert set(DAEMON_ERROR_TABLE.values()) == set(ERROR_TABLE.values()) - client_only
@@ -691,6 +692,7 @@ _SAMPLES: dict[str, Any] = {
     "field": "timeout",
     "result": None,
     "path": "sub/missing.txt",
+    "timeout": 1.5,
 }
 
 

@@ -149,8 +149,10 @@ async def test_idle_timeout_pauses_and_next_request_auto_resumes(
         assert time.monotonic() - started >= 0.3, "paused before the idle timeout ran out"
         await until(lambda: process_is_frozen(info.pid), what="frozen leader")
 
-        listed = await sbx.commands.list()  # names the sandbox: resumes it first
-        assert [(p.pid, p.state) for p in listed] == [(info.pid, "running")]
+        await sbx.commands.list()  # a read: not activity, the sandbox stays paused
+        assert core.state == "paused"
+        assert process_is_frozen(info.pid)
+        assert (await sbx.commands.run("echo on")).stdout == "on\n"  # resumes it first
         assert not process_is_frozen(info.pid)
         events = await sbx.events()
         mine = events[events["kind"].isin(["sandbox.paused", "sandbox.resumed"])]

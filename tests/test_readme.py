@@ -33,7 +33,8 @@ BASH = [code for lang, code in BLOCKS if lang == "bash"]
 INSTALL = 0  # creates .venv and runs the demo and the whole suite: CI runs it (.ci/run)
 NOT_RUN = {
     INSTALL: "CI runs it verbatim (.ci/run)",
-    2: "placeholders (sbx-1a2b3c4d, 4242) and long-running commands; tests/test_cli.py runs each",
+    2: "placeholders (sbx-1a2b3c4d, 4242) and long-running commands; tests/test_cli.py and "
+    "tests/test_cli_run.py run each",
 }
 
 

@@ -17,7 +17,7 @@ from conftest import fast_config, wait_until
 from freezer_support import alive, served
 
 from sandboxkit.daemon.freezer import cgroup_v2_available
-from sandboxkit.daemon.recovery import OWNER_FILE
+from sandboxkit.daemon.recovery import LOCK_FILE
 from sandboxkit.daemon.server import DaemonServer
 
 FREEZERS = [
@@ -72,7 +72,7 @@ def test_next_daemon_kills_what_a_sigkilled_daemon_left(tmp_path: Path, freezer:
                 wait_until(lambda: len(_marked(marker)) == 6, what="six sleeping processes")
                 assert http.post(f"/sandboxes/{paused}/pause").json()["state"] == "paused"
             survivors = _marked(marker)
-            assert (root / OWNER_FILE).is_file()
+            assert (root / LOCK_FILE).is_file()
             dead.proc.send_signal(signal.SIGKILL)
             dead.proc.wait(10)
         # They outlive their daemon until a successor starts. Any daemon that starts on this

@@ -59,9 +59,8 @@ ASYNC_ATTRIBUTES: set[tuple[type, str]] = {
 }
 # Parameters only the sync side has: a blocking call needs a bound; an async caller has
 # asyncio.timeout() for that.
-EXTRA_SYNC_PARAMS: dict[tuple[type, str], set[str]] = {
-    (sync.CommandHandle, "wait"): {"timeout"},
-}
+EXTRA_SYNC_PARAMS: dict[tuple[type, str], set[str]] = {}
+"""Parameters only the sync side has (none: ``wait(timeout=)`` is on both)."""
 DUNDERS = {"__aenter__", "__aexit__", "__enter__", "__exit__"}
 
 

@@ -17,9 +17,11 @@ from sandboxkit.client.stream import BytesCallback, OnGap, OutputCallback, Proce
 from sandboxkit.client.tasks import TaskOwner
 from sandboxkit.errors import (
     CommandExitError,
+    InvalidArgument,
     OutputIncomplete,
     ProcessNotFound,
     ResultUnavailable,
+    WaitTimeout,
 )
 
 _STDERR_LINES = 5
@@ -30,6 +32,32 @@ _REASONS = {
     "oom": " (out of memory: the sandbox's memory limit)",
     "timeout": " (its timeout= ran out)",
 }
+
+
+def wait_timeout(pid: int, timeout: float | None) -> WaitTimeout:
+    """The error of a ``wait(timeout=)`` that ran out."""
+    return WaitTimeout(
+        f"process {pid} did not exit within {timeout:g} s; it runs on and the handle keeps "
+        "following it: wait again, or kill it",
+        pid=pid,
+        timeout=timeout,
+    )
+
+
+def _check_cursor_type(cursor: object) -> None:
+    """InvalidArgument unless ``cursor`` is None or a sequence number (an int >= 0)."""
+    if cursor is None:
+        return
+    if isinstance(cursor, bool) or not isinstance(cursor, int):
+        raise InvalidArgument(
+            f"cursor must be an int (a sequence number, e.g. handle.cursor) or None, not "
+            f"{type(cursor).__name__} {cursor!r}"[:200],
+            field="cursor",
+        )
+    if cursor < 0:
+        raise InvalidArgument(
+            f"cursor {cursor} is negative: a cursor is a sequence number from 0 up", field="cursor"
+        )
 
 
 def exit_error(result: CommandResult) -> CommandExitError:
@@ -170,13 +198,20 @@ class AsyncCommandHandle:
             reason=self.stream.end_reason,
         )
 
-    async def wait(self) -> CommandResult:
+    async def wait(self, timeout: float | None = None) -> CommandResult:
         """Wait for the process to exit and return its result. Raises CommandExitError
         when the exit code is not 0 — also for a killed process (a negative code, the
         signal) — with the result in ``error.result``; SandboxClosed if the sandbox
-        client was closed; ResultUnavailable if this handle was disconnected."""
+        client was closed; ResultUnavailable if this handle was disconnected.
+        ``timeout``: give up after that many seconds with WaitTimeout (also a
+        TimeoutError); the process runs on and this handle keeps following it."""
         try:
-            await asyncio.shield(self._task)
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), timeout)
+            except TimeoutError:
+                if self._task.done():
+                    raise  # the stream's own error happened to be a TimeoutError
+                raise wait_timeout(self.pid, timeout) from None
         except asyncio.CancelledError:
             if not self._task.cancelled():
                 raise  # it is this wait that was cancelled
@@ -458,7 +493,16 @@ class AsyncCommands:
         the stream starts where the policy is and a
         :class:`~sandboxkit.lab_options.LabCursorIgnored` warning says so."""
         self._owner.check()
-        await self._prepare_follow(pid)
+        _check_cursor_type(cursor)
+        process = await self._prepare_follow(pid)
+        if cursor is not None and process is not None and "head" in process:
+            head = int(process["head"])
+            if cursor > head:
+                raise InvalidArgument(
+                    f"cursor {cursor} is past the output of process {pid}: a cursor is a "
+                    f"sequence number from 0 to {head} (the head, where the next chunk goes)",
+                    field="cursor",
+                )
         options = FollowOptions(
             on_stdout=on_stdout,
             on_stderr=on_stderr,
@@ -471,11 +515,13 @@ class AsyncCommands:
         )
         return self._follow(pid, cursor, options, on_end)
 
-    async def _prepare_follow(self, pid: int) -> None:
+    async def _prepare_follow(self, pid: int) -> dict[str, Any] | None:
         """Hook: make ``pid`` ready to be followed before :meth:`connect` makes a handle,
-        raising ResultUnavailable for an unknown or evicted pid. Here the daemon is asked
-        about it (its output log is already there)."""
-        await self._call("GET", self._path(pid))
+        raising ResultUnavailable for an unknown or evicted pid; what is known of it (its
+        ``head`` bounds the cursor), if anything. Here the daemon is asked about it (its
+        output log is already there)."""
+        info: dict[str, Any] = await self._call("GET", self._path(pid))
+        return info
 
     def _follow(
         self, pid: int, cursor: int | None, options: FollowOptions, on_end: OnEnd | None

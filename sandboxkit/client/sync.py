@@ -100,9 +100,10 @@ class CommandHandle:
     def wait(self, timeout: float | None = None) -> CommandResult:
         """Wait for exit and return the result; raises CommandExitError when the exit code
         is not 0, also for a killed process (see :meth:`AsyncCommandHandle.wait`).
-        ``timeout``: give up waiting after that many seconds with TimeoutError; the
-        process runs on and this handle keeps following it, so ``wait`` again later."""
-        return self._loop.run(self._handle.wait(), timeout=timeout)
+        ``timeout``: give up waiting after that many seconds with WaitTimeout (a
+        SandboxkitError, and a TimeoutError too); the process runs on and this handle
+        keeps following it, so ``wait`` again later."""
+        return self._loop.run(self._handle.wait(timeout))
 
     def kill(self) -> bool:
         """Kill the process."""

@@ -371,6 +371,8 @@ class _Api:
                 "sandboxes": len(self.host.sandboxes),
                 "closing": self.host.closing,
                 "isolation": self.host.isolation_support(),
+                "root": str(self.host.root),
+                "root_missing": not self.host.root.is_dir(),
             }
         )
 
@@ -394,8 +396,12 @@ class _Api:
     async def list_sandboxes(self, request: Request) -> Response:
         return JsonResponse([s.to_json() for s in self.host.sandboxes.values()])
 
+    # Looking is not activity (docs/protocol.md, "What keeps a sandbox alive"): the read
+    # routes look a sandbox up with host.get, which neither restarts its idle timer nor
+    # resumes it; host.access is for commands, stdin, file writes and streams.
+
     async def get_sandbox(self, request: Request) -> Response:
-        sandbox = await self.host.access(request.path_params["sid"])
+        sandbox = self.host.get(request.path_params["sid"])
         return JsonResponse(sandbox.to_json())
 
     async def kill_sandbox(self, request: Request) -> Response:
@@ -444,12 +450,12 @@ class _Api:
         return JsonResponse(process.to_json(), status_code=201)
 
     async def list_processes(self, request: Request) -> Response:
-        sandbox = await self.host.access(request.path_params["sid"])
+        sandbox = self.host.get(request.path_params["sid"])
         return JsonResponse([p.to_json() for p in sandbox.processes.values()])
 
     async def get_process(self, request: Request) -> Response:
         pid = _pid(request)
-        sandbox = await self.host.access(request.path_params["sid"])
+        sandbox = self.host.get(request.path_params["sid"])
         return JsonResponse(sandbox.retained_process(pid).to_json())
 
     async def kill_process(self, request: Request) -> Response:
@@ -810,7 +816,9 @@ def _guarded(handler: Handler, host: Host) -> Handler:
             return _error_response(exc)
         except Exception as exc:
             host.journal.record("api.error", reason=type(exc).__name__, error=repr(exc)[:500])
-            return _error_response(SandboxkitError(f"internal error: {type(exc).__name__}"))
+            # Name the cause (an OSError's message carries the file it is about).
+            cause = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            return _error_response(SandboxkitError(f"internal error: {cause}"[:500]))
 
     return run
 

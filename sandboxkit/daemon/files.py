@@ -186,14 +186,14 @@ class FilesApi:
 
     async def read(self, request: Request) -> Response:
         query = decode_query(dict(request.query_params), FileQuery)
-        sandbox = await self.host.access(request.path_params["sid"])
+        sandbox = self.host.get(request.path_params["sid"])  # a read: not activity
         target = resolve(sandbox, query.file)
         info, data = await off_loop(target.shown, read, target)
         return _json({**info, "data": data})
 
     async def list(self, request: Request) -> Response:
         query = decode_query(dict(request.query_params), FileQuery)
-        sandbox = await self.host.access(request.path_params["sid"])
+        sandbox = self.host.get(request.path_params["sid"])  # a read: not activity
         target = resolve(sandbox, query.file or ".")
         return _json(await off_loop(target.shown, list_dir, target))
 

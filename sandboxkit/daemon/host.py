@@ -15,7 +15,7 @@ from typing import Any
 from sandboxkit.daemon.config import DaemonConfig
 from sandboxkit.daemon.consumers import Consumer, FrameSink, check_role
 from sandboxkit.daemon.events import EventJournal
-from sandboxkit.daemon.freezer import CgroupFreezer, Freezer, make_freezer
+from sandboxkit.daemon.freezer import CgroupFreezer, Freezer, daemon_cgroup_for, make_freezer
 from sandboxkit.daemon.isolation import (
     SANDBOX_HOST_UID,
     NamespacePlan,
@@ -27,10 +27,10 @@ from sandboxkit.daemon.isolation import (
 )
 from sandboxkit.daemon.limits import LimitEnforcer
 from sandboxkit.daemon.process import ManagedProcess
-from sandboxkit.daemon.recovery import ROOT_PREFIX, claim_root, recover
+from sandboxkit.daemon.recovery import ROOT_PREFIX, RootLock, claim_root, recover
 from sandboxkit.daemon.sandbox import ManagedSandbox, OnTimeout
 from sandboxkit.daemon.segment_store import remove_tree
-from sandboxkit.errors import InvalidArgument, SandboxNotFound, SandboxPaused
+from sandboxkit.errors import InvalidArgument, SandboxNotFound, SandboxPaused, WorkdirMissing
 from sandboxkit.lab_options import LabOptions
 from sandboxkit.limits import Limits
 
@@ -57,14 +57,17 @@ class Host:
         self._own_root = self.config.root_dir is None
         self.root = Path(self.config.root_dir or tempfile.mkdtemp(prefix=ROOT_PREFIX))
         self.root.mkdir(parents=True, exist_ok=True)
+        self._root_lock: RootLock | None = None
         if self._own_root:
-            claim_root(self.root)
+            self._root_lock = claim_root(self.root, daemon_cgroup_for(self.config.freezer))
+        self.root_missing = False
+        """True once the root was found removed from outside (see :meth:`check_root`)."""
         # The daemon's own files for its sandboxes (their output logs), in a directory of
         # its own (0700), not under the root: a sandbox's ``..`` is the root, and nothing
         # it names from there may reach a file the daemon reads back. Marked like a root,
         # so that a successor removes it if this daemon dies.
         self.runtime_root = Path(tempfile.mkdtemp(prefix=ROOT_PREFIX + "run-"))
-        claim_root(self.runtime_root)
+        self._runtime_lock = claim_root(self.runtime_root, None)
         self._housekeeper: asyncio.Task[None] | None = None
         self._streams: set[asyncio.Task[None]] = set()
         self.closing = False
@@ -113,6 +116,9 @@ class Host:
             await sandbox.release()
         if self._own_root:
             shutil.rmtree(self.root, ignore_errors=True)
+        if self._root_lock is not None:
+            self._root_lock.close()
+        self._runtime_lock.close()
         await remove_tree(self.runtime_root)
 
     # -- sandboxes -------------------------------------------------------------------
@@ -137,6 +143,7 @@ class Host:
         default) decides whether its processes run in namespaces (see
         :mod:`~sandboxkit.daemon.isolation`); ``allow_internet_access=False`` gives them a
         network namespace with loopback only."""
+        self.check_root()
         # Typed refusals (IsolationUnavailable, a bad mode) before anything is made.
         mode = resolve_mode(isolation or self.config.isolation)
         sandbox_id = "sbx-" + secrets.token_hex(4)
@@ -220,6 +227,20 @@ class Host:
             "default": self.config.isolation,
         }
 
+    def check_root(self) -> None:
+        """WorkdirMissing naming the root if it was removed from outside the daemon
+        (journalled once as ``host.root_missing``): nothing can be created without it."""
+        if self.root.is_dir():
+            return
+        if not self.root_missing:
+            self.root_missing = True
+            self.journal.record("host.root_missing", reason="removed", root=str(self.root))
+        raise WorkdirMissing(
+            f"the daemon's root directory {self.root} was removed from outside the daemon; "
+            "restart the daemon (sandboxkit stop)",
+            path=str(self.root),
+        )
+
     def get(self, sandbox_id: str) -> ManagedSandbox:
         """The sandbox, or SandboxNotFound."""
         try:
@@ -228,8 +249,10 @@ class Host:
             raise SandboxNotFound(f"no sandbox {sandbox_id}", sandbox_id=sandbox_id) from None
 
     async def access(self, sandbox_id: str, *, needs_running: bool = False) -> ManagedSandbox:
-        """Look up a sandbox for a request: restart its idle timer and, if it is paused,
-        auto-resume it or (for requests that need it running) refuse with SandboxPaused."""
+        """Look up a sandbox for a request that is activity (a command, stdin, a file
+        write, an attached stream; not a read — those use :meth:`get`): restart its idle
+        timer and, if it is paused, auto-resume it or (for requests that need it running)
+        refuse with SandboxPaused."""
         sandbox = self.get(sandbox_id)
         sandbox.touch()
         if sandbox.state == "paused":
@@ -310,6 +333,8 @@ class Host:
             await asyncio.sleep(self.config.housekeeping_interval)
             now = time.monotonic()
             wall = time.time()
+            with contextlib.suppress(WorkdirMissing):  # journalled once by check_root
+                self.check_root()
             for sandbox in list(self.sandboxes.values()):
                 try:
                     await self._tend(sandbox, now, wall)

@@ -405,7 +405,12 @@ class ManagedProcess:
         if not os.path.isabs(cwd):
             cwd = os.path.join(workdir, cwd)
         if not os.path.isdir(cwd):
-            raise InvalidArgument(f"cwd does not exist: {self.spec.cwd}", field="cwd")
+            where = (
+                ""
+                if os.path.isabs(self.spec.cwd or "")
+                else (f" (a relative cwd is relative to the sandbox's directory {workdir})")
+            )
+            raise InvalidArgument(f"cwd {self.spec.cwd!r} is not a directory{where}", field="cwd")
         return cwd
 
     def capture(self, stream: str, data: bytes) -> None:

@@ -1,82 +1,148 @@
-"""Crash recovery: what a daemon that died without cleaning up (SIGKILL, the OOM killer)
-left behind is found and ended by the next daemon that starts.
+"""Crash recovery by ownership: what a daemon that died without cleaning up (SIGKILL, the
+OOM killer) left behind is found and ended by the next daemon that starts — and nothing
+that a live daemon owns is ever touched, whatever that daemon can or cannot see.
 
-A dead daemon leaves its sandboxes' processes running (paused ones frozen or stopped
-forever), their cgroups, and its temporary root of working directories. Two searches find
-the processes, whichever freezer the dead daemon used (see
-:mod:`sandboxkit.daemon.freezer`):
+**The root lock.** Every daemon holds, for its whole life, an exclusive ``flock`` on a
+lock file in its temporary root (``<tmp>/sandboxkit-…/.sandboxkit-lock``), which names
+the daemon's cgroup. The kernel drops the lock when the daemon's last descriptor of it
+closes — when it exits, however it exits (a zombie holds no files) — so "the lock can be
+taken" is the proof that its owner is gone. It holds across pid namespaces, containers
+that share ``/tmp`` and daemons of other versions, where "is pid N running" is
+meaningless: a pid seen from another namespace is another process, or none.
 
-- its cgroups, by name (``sandboxkit-<daemon pid>``): every process in them is thawed and
-  killed — setsid'd grandchildren too, since nothing leaves a cgroup — and the cgroups
-  removed;
-- its owner marks: every process a sandbox starts carries its daemon's pid and start time
-  in its environment (``SANDBOXKIT_OWNER``), inherited by all it starts; processes marked
-  by a daemon that no longer runs are killed, with their sessions and descendants. This
-  is what reaches a ``signals`` daemon's processes, double-forked and setsid'd ones
-  included. Out of reach: a process that left the sandbox's sessions and parentage *and*
-  replaced its environment (``env -i``), or runs as another user.
+A daemon that starts scans its temp directory (``TMPDIR``) for ``sandboxkit-*`` roots of
+its own user and, for each, tries the lock without waiting. Locked: a live daemon's, left
+alone. Taken: its owner is dead — the cgroup it names is thawed, everything in it killed
+(setsid'd grandchildren too: nothing leaves a cgroup) and removed, then the root removed,
+then the lock let go. A root without a lock file (being made, or made by a sandboxkit
+before locks) is left alone.
 
-Temporary roots carry an owner file (pid and start time of the daemon that made them, so
-a reused pid is not mistaken for the owner) and are removed once their owner is gone.
+**Owner marks** reach a dead ``signals`` daemon's processes (no cgroup): every process a
+sandbox starts carries its daemon's pid, start time and pid namespace in its environment
+(``SANDBOXKIT_OWNER``, see :mod:`sandboxkit.daemon.freezer.marks`), and processes marked by
+a daemon *of this pid namespace* that no longer runs are killed, with their sessions and
+descendants. Marks of another namespace are not ours to judge and are left alone.
+
+A daemon given its root (``DaemonConfig.root_dir``) does not own it: it takes no lock
+there, and no successor scans or removes it (its cgroup is removed at its exit only).
 Until a successor starts, a dead daemon's processes keep running.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import json
 import os
+import secrets
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
 
-import psutil
+from sandboxkit.daemon.freezer import reap_cgroup, reap_marked_orphans
 
-from sandboxkit.daemon.freezer import reap_dead_daemons, reap_marked_orphans
-
-__all__ = ["OWNER_FILE", "ROOT_PREFIX", "claim_root", "recover"]
+__all__ = ["LOCK_FILE", "ROOT_PREFIX", "RootLock", "claim_root", "recover"]
 
 ROOT_PREFIX = "sandboxkit-"
-OWNER_FILE = ".sandboxkit-owner"
+LOCK_FILE = ".sandboxkit-lock"
 
 
-def _identity(pid: int) -> str:
+class RootLock:
+    """This daemon's hold on its root: an open, ``flock``-ed lock file (see the module's
+    docstring). Closing it (or the daemon's death) lets a successor reclaim the root."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self._fd: int | None = fd
+
+    def close(self) -> None:
+        """Let the lock go (the daemon removes its root right after)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def claim_root(root: Path, cgroup: Path | None) -> RootLock:
+    """Lock ``root`` as this process's for its lifetime, naming its cgroup.
+
+    The lock file is written and locked under a temporary name, then renamed into place:
+    whoever opens ``LOCK_FILE`` opens a file that is already locked."""
+    record = {
+        "pid": os.getpid(),
+        "uid": os.geteuid(),
+        "cgroup": None if cgroup is None else str(cgroup),
+    }
+    scratch = root / f"{LOCK_FILE}.{secrets.token_hex(4)}"
+    fd = os.open(scratch, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        started = psutil.Process(pid).create_time()
-    except psutil.Error:
-        started = 0.0
-    return f"{pid} {started:.2f}"
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.write(fd, (json.dumps(record) + "\n").encode())
+        os.rename(scratch, root / LOCK_FILE)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            scratch.unlink()
+        raise
+    return RootLock(root / LOCK_FILE, fd)
 
 
-def claim_root(root: Path) -> None:
-    """Mark ``root`` as this process's, for a successor to clean up if it dies."""
-    (root / OWNER_FILE).write_text(_identity(os.getpid()) + "\n")
-
-
-def _owner_alive(marker: Path) -> bool:
+def _take(root: Path) -> tuple[int, dict[str, Any]] | None:
+    """The lock of ``root`` and its record, if ``root`` is a root of this user whose owner
+    is gone; None if it is live, another user's, not a root, or has no lock file."""
     try:
-        pid_text, started = marker.read_text().split()
-        pid = int(pid_text)
-    except (OSError, ValueError):
-        return True  # unreadable: not ours to judge
-    return _identity(pid) == f"{pid} {started}"
-
-
-def _dead_roots(tmp: Path) -> list[Path]:
-    found = []
-    with contextlib.suppress(OSError):
-        for entry in tmp.iterdir():
-            marker = entry / OWNER_FILE
-            if entry.name.startswith(ROOT_PREFIX) and marker.is_file() and not _owner_alive(marker):
-                found.append(entry)
-    return found
+        st = os.lstat(root)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        return None  # a symlink, a file, or another user's: never ours to judge
+    try:
+        fd = os.open(root / LOCK_FILE, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None  # no lock file: being made, or not a daemon's root we can prove dead
+    try:
+        if os.fstat(fd).st_uid != os.geteuid():
+            raise BlockingIOError
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # BlockingIOError: its owner lives
+        os.close(fd)
+        return None
+    record: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):
+        loaded = json.loads(os.pread(fd, 4096, 0))
+        if isinstance(loaded, dict):
+            record = loaded
+    return fd, record
 
 
 def recover(tmp: Path | None = None) -> list[dict[str, Any]]:
     """End and remove what dead daemons left; one report per thing found (blocking)."""
-    # Cgroups first: their processes are thawed before they are killed.
-    reports: list[dict[str, Any]] = reap_dead_daemons() + reap_marked_orphans()
-    for root in _dead_roots(tmp or Path(tempfile.gettempdir())):
-        shutil.rmtree(root, ignore_errors=True)
-        reports.append({"found": "root", "root": str(root), "removed": not root.exists()})
+    tmp = tmp or Path(tempfile.gettempdir())
+    taken: list[tuple[Path, int, dict[str, Any]]] = []
+    with contextlib.suppress(OSError):
+        for entry in tmp.iterdir():
+            if entry.name.startswith(ROOT_PREFIX) and (got := _take(entry)) is not None:
+                taken.append((entry, *got))
+    reports: list[dict[str, Any]] = []
+    try:
+        # Cgroups first: their processes are thawed before they are killed.
+        for _root, _fd, record in taken:
+            cgroup = record.get("cgroup")
+            if isinstance(cgroup, str) and (found := reap_cgroup(Path(cgroup))) is not None:
+                reports.append({**found, "daemon_pid": record.get("pid")})
+        reports += reap_marked_orphans()
+        for root, _fd, record in taken:
+            shutil.rmtree(root, ignore_errors=True)
+            reports.append(
+                {
+                    "found": "root",
+                    "root": str(root),
+                    "daemon_pid": record.get("pid"),
+                    "removed": not root.exists(),
+                }
+            )
+    finally:
+        for _root, fd, _record in taken:
+            os.close(fd)
     return reports

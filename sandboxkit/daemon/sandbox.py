@@ -26,6 +26,7 @@ from sandboxkit.errors import (
     ProcessNotFound,
     ResultUnavailable,
     SandboxkitError,
+    WorkdirMissing,
 )
 from sandboxkit.lab_options import LabOptions
 
@@ -131,6 +132,7 @@ class ManagedSandbox:
 
     async def start_process(self, spec: ProcessSpec) -> ManagedProcess:
         """Start a process; it runs until it exits, is killed or hits its own deadline."""
+        self.check_workdir()
         self._logs += 1
         process = ManagedProcess(
             self.sandbox_id,
@@ -152,6 +154,24 @@ class ManagedSandbox:
             argv=list(spec.argv) if spec.argv else None,
         )
         return process
+
+    def check_workdir(self) -> None:
+        """WorkdirMissing naming the working directory if it was removed from outside the
+        daemon (journalled as ``sandbox.workdir_missing``)."""
+        if self.workdir.is_dir():
+            return
+        self.journal.record(
+            "sandbox.workdir_missing",
+            sandbox_id=self.sandbox_id,
+            reason="removed",
+            workdir=str(self.workdir),
+        )
+        raise WorkdirMissing(
+            f"the working directory {self.workdir} of sandbox {self.sandbox_id} was removed "
+            "from outside the daemon; create a new sandbox",
+            path=str(self.workdir),
+            sandbox_id=self.sandbox_id,
+        )
 
     def _fanout(self, log: OutputLog) -> Fanout:
         if self.lab is not None:

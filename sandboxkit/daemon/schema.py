@@ -158,6 +158,10 @@ class Health(Struct):
     sandboxes: int
     closing: bool
     isolation: IsolationSupport
+    root: str
+    """The daemon's directory of working directories."""
+    root_missing: bool
+    """True if the root was removed from outside the daemon: it can create nothing more."""
 
 
 class SandboxInfo(Struct):

@@ -28,6 +28,7 @@ from sandboxkit.daemon.connections import ConnectionGuard, guarded_protocol
 from sandboxkit.daemon.envd import EnvdServer
 from sandboxkit.daemon.fds import FdBudget, raise_fd_limit
 from sandboxkit.daemon.host import Host
+from sandboxkit.daemon.listen import bind_or_say
 from sandboxkit.daemon.tcp_peer import SEND_BUFFER
 from sandboxkit.statefile import DaemonState, remove_state, write_state
 
@@ -146,7 +147,7 @@ class DaemonServer:
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         # Accepted connections inherit it (Linux, BSD, macOS).
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
-        self._sock.bind((bind, port))
+        bind_or_say(self._sock, bind, port, "the API")
         self._sock.listen(_BACKLOG)
         self._sock.setblocking(False)
         self.bind, self.port = self._sock.getsockname()[:2]

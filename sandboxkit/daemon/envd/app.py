@@ -48,6 +48,7 @@ from sandboxkit.daemon.envd.files import error_response, read_file, write_file
 from sandboxkit.daemon.envd.filesystem_service import FilesystemService
 from sandboxkit.daemon.envd.process_service import ProcessService, RpcService
 from sandboxkit.daemon.host import Host
+from sandboxkit.daemon.listen import bind_or_say
 from sandboxkit.daemon.sandbox import ManagedSandbox
 from sandboxkit.errors import SandboxkitError
 
@@ -253,7 +254,7 @@ class EnvdServer:
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind((bind, port))
+        bind_or_say(self._sock, bind, port, "the envd endpoint (--envd)")
         self._sock.listen(512)
         self._sock.setblocking(False)
         self.bind, self.port = self._sock.getsockname()[:2]

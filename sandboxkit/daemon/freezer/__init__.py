@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 from typing import Final
 
 from sandboxkit.daemon.freezer.base import DEFAULT_FREEZE_TIMEOUT, Freezer
 from sandboxkit.daemon.freezer.cgroup import CgroupFreezer
 from sandboxkit.daemon.freezer.cgroupfs import cgroup_v2_available
-from sandboxkit.daemon.freezer.daemon_cgroup import reap_dead_daemons
+from sandboxkit.daemon.freezer.daemon_cgroup import daemon_cgroup_path, reap_cgroup
 from sandboxkit.daemon.freezer.marks import MARK_VAR, reap_marked_orphans
 from sandboxkit.daemon.freezer.signals import SignalFreezer
 
@@ -39,8 +40,9 @@ __all__ = [
     "Freezer",
     "SignalFreezer",
     "cgroup_v2_available",
+    "daemon_cgroup_for",
     "make_freezer",
-    "reap_dead_daemons",
+    "reap_cgroup",
     "reap_marked_orphans",
 ]
 
@@ -50,6 +52,14 @@ FREEZER_ENV_VAR: Final = "SANDBOXKIT_FREEZER"
 """Read by :func:`make_freezer` when asked for ``"auto"``: forces either backend."""
 
 FREEZERS: Final = ("auto", "cgroup", "signals")
+
+
+def daemon_cgroup_for(backend: str = "auto") -> Path | None:
+    """Where this daemon's cgroup is (made on its first cgroup sandbox) if ``backend``
+    (as :func:`make_freezer` takes it) may use one; None if it cannot."""
+    if backend == "auto":
+        backend = os.environ.get(FREEZER_ENV_VAR, "").strip().lower() or "auto"
+    return None if backend == "signals" else daemon_cgroup_path()
 
 
 def make_freezer(

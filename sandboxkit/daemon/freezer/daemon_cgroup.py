@@ -1,34 +1,46 @@
-"""The daemon's own cgroup, ``<base>/sandboxkit-<daemon pid>/``, which holds one cgroup per
-sandbox: made on first use, removed when the daemon exits — and, when a daemon died
-without removing it (SIGKILL, the OOM killer), found by name by the next daemon, which
-kills what still runs inside and removes it.
+"""The daemon's own cgroup, ``<base>/sandboxkit-<daemon pid>-<random>/``, which holds one
+cgroup per sandbox: made on first use, removed when the daemon exits — and, when a daemon
+died without removing it (SIGKILL, the OOM killer), emptied and removed by the next
+daemon, which finds it named in the dead daemon's root lock (:mod:`sandboxkit.daemon.
+recovery`), never by guessing from the name.
 
-The name carries the daemon's pid, so whether its owner still runs is one look in
-``/proc``. A sandbox cgroup that cannot be removed yet (a process still leaving it) is
-kept in a list and retried: on the next sandbox, and at exit.
+Why the random part: pids are per pid namespace, so two daemons in two containers (or
+``unshare --pid``) on one cgroup tree may have the same pid — each needs its own cgroup.
+Why not judge by the pid: from another pid namespace a live daemon's pid is not visible,
+and a daemon must never take a live neighbour's cgroup for a dead one's.
+
+A sandbox cgroup that cannot be removed yet (a process still leaving it) is kept in a list
+and retried: on the next sandbox, and at exit.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import logging
 import os
 import re
+import secrets
 import signal
 import threading
 import time
 from pathlib import Path
 from typing import Any, Final
 
-from sandboxkit.daemon.freezer.cgroupfs import PREFIX, cgroup_base, cgroup_pids, rmdir_tree
-from sandboxkit.daemon.freezer.proc import pid_alive
+from sandboxkit.daemon.freezer.cgroupfs import (
+    PREFIX,
+    cgroup2_mount,
+    cgroup_base,
+    cgroup_pids,
+    rmdir_tree,
+)
 
-__all__ = ["daemon_cgroup", "defer_removal", "reap_dead_daemons"]
+__all__ = ["daemon_cgroup", "daemon_cgroup_path", "defer_removal", "reap_cgroup"]
 
 logger = logging.getLogger(__name__)
 
-_DAEMON_RE: Final = re.compile(rf"^{re.escape(PREFIX)}(\d+)$")
+_DAEMON_RE: Final = re.compile(rf"^{re.escape(PREFIX)}(\d+)-[0-9a-f]{{8}}$")
 _POLL_INTERVAL: Final = 0.005
 
 _lock = threading.Lock()
@@ -36,8 +48,16 @@ _atexit_registered = False
 _deferred: set[Path] = set()
 
 
-def _dead(pid: int) -> bool:
-    return pid != os.getpid() and not pid_alive(pid)
+@functools.cache
+def _name(pid: int) -> str:
+    return f"{PREFIX}{pid}-{secrets.token_hex(4)}"
+
+
+def daemon_cgroup_path() -> Path | None:
+    """Where this daemon's cgroup is (or will be, on first use); None without a usable
+    cgroup2 hierarchy. The ``os.getpid()`` argument keeps it right after a fork."""
+    base = cgroup_base()
+    return None if base is None else base / _name(os.getpid())
 
 
 def _retry_deferred() -> None:
@@ -58,42 +78,21 @@ def _cleanup_at_exit() -> None:
     base = cgroup_base()
     if base is not None:
         with contextlib.suppress(OSError):
-            (base / f"{PREFIX}{os.getpid()}").rmdir()
+            (base / _name(os.getpid())).rmdir()
 
 
 def daemon_cgroup(base: Path) -> Path:
-    """This daemon's cgroup below ``base``, made on first use (removing the empty ones of
-    dead daemons on the way)."""
+    """This daemon's cgroup below ``base``, made on first use."""
     global _atexit_registered
-    parent = base / f"{PREFIX}{os.getpid()}"
+    parent = base / _name(os.getpid())
     with _lock:
         _retry_deferred()
         if not parent.is_dir():
-            _remove_empty_dead(base)
             parent.mkdir(exist_ok=True)
         if not _atexit_registered:
             atexit.register(_cleanup_at_exit)
             _atexit_registered = True
     return parent
-
-
-def _dead_daemon_dirs(base: Path) -> list[tuple[int, Path]]:
-    try:
-        entries = list(base.iterdir())
-    except OSError:
-        return []
-    found = []
-    for entry in entries:
-        match = _DAEMON_RE.match(entry.name)
-        if match is not None and entry.is_dir() and _dead(int(match.group(1))):
-            found.append((int(match.group(1)), entry))
-    return found
-
-
-def _remove_empty_dead(base: Path) -> None:
-    for _pid, entry in _dead_daemon_dirs(base):
-        if rmdir_tree(entry):
-            logger.debug("removed stale cgroup %s", entry)
 
 
 def _empty(root: Path, timeout: float) -> int:
@@ -119,29 +118,34 @@ def _empty(root: Path, timeout: float) -> int:
         time.sleep(_POLL_INTERVAL)  # sleep-ok: processes leave a cgroup asynchronously
 
 
-def reap_dead_daemons(timeout: float = 2.0) -> list[dict[str, Any]]:
-    """Find the cgroups of daemons that died without cleaning up, thaw and kill every
-    process in them — setsid'd and double-forked ones included, since nothing leaves a
-    cgroup — and remove them. One report per dead daemon found (blocking)."""
-    base = cgroup_base()
-    if base is None:
-        return []
-    reports: list[dict[str, Any]] = []
-    for pid, entry in _dead_daemon_dirs(base):
-        sandboxes = 0
-        with contextlib.suppress(OSError):
-            sandboxes = sum(1 for child in entry.iterdir() if child.is_dir())
-        killed = _empty(entry, timeout)
-        removed = rmdir_tree(entry)
-        if killed or sandboxes:
-            reports.append(
-                {
-                    "found": "cgroup",
-                    "daemon_pid": pid,
-                    "cgroup": str(entry),
-                    "sandboxes": sandboxes,
-                    "processes_killed": killed,
-                    "cgroup_removed": removed,
-                }
-            )
-    return reports
+def reap_cgroup(path: Path, timeout: float = 2.0) -> dict[str, Any] | None:
+    """Thaw and kill every process in a dead daemon's cgroup ``path`` — setsid'd and
+    double-forked ones included, since nothing leaves a cgroup — and remove it; a report,
+    or None if there was nothing (blocking).
+
+    The caller proves the daemon dead (it holds the lock of the daemon's root). ``path``
+    comes from a file on disk, so it is taken only if it is what a daemon makes: a
+    ``sandboxkit-<pid>-<random>`` directory right below a cgroup2 mount's subtree."""
+    mount = cgroup2_mount()
+    if (
+        mount is None
+        or _DAEMON_RE.match(path.name) is None
+        or not path.is_absolute()
+        or ".." in path.parts
+        or not path.is_relative_to(mount)
+        or path.is_symlink()
+        or not path.is_dir()
+    ):
+        return None
+    sandboxes = 0
+    with contextlib.suppress(OSError):
+        sandboxes = sum(1 for child in path.iterdir() if child.is_dir())
+    killed = _empty(path, timeout)
+    removed = rmdir_tree(path)
+    return {
+        "found": "cgroup",
+        "cgroup": str(path),
+        "sandboxes": sandboxes,
+        "processes_killed": killed,
+        "cgroup_removed": removed,
+    }

@@ -2,11 +2,14 @@
 sandbox and launch it belongs to — so it can be found after it left its parent, its
 session and its process group, and after its daemon died.
 
-``SANDBOXKIT_OWNER=<daemon pid>.<daemon start time>.<pid namespace>/<sandbox id>/<launch>``
+``SANDBOXKIT_OWNER=<daemon pid>.<start time>.<pid namespace>.<uid>/<sandbox id>/<launch>``
+(the daemon's pid, start time, pid namespace and user)
 
 The pid namespace is there because pids are per namespace: a daemon in a container and one
 on its host see the same process under different pids, and neither may judge the other's
-marks (the host would take a live container daemon for dead).
+marks (the host would take a live container daemon for dead). The uid is there because a
+daemon reclaims only what its own user's daemons left: a root daemon never ends another
+user's dead daemon's processes (marks without it, from before, are judged as before).
 
 Children inherit their parent's environment, so a double-forked, setsid'd grandchild
 still carries its leader's mark; ``/proc/<pid>/environ`` shows it to the daemon's user.
@@ -62,9 +65,13 @@ class Mark:
     pidns: int
     sandbox_id: str
     launch: str
+    uid: int | None = None
+    """The daemon's user (None in a mark from before it was written)."""
 
     def __str__(self) -> str:
         daemon = f"{self.daemon.pid}.{self.daemon.starttime}.{self.pidns}"
+        if self.uid is not None:
+            daemon += f".{self.uid}"
         return f"{daemon}/{self.sandbox_id}/{self.launch}"
 
     @classmethod
@@ -72,10 +79,13 @@ class Mark:
         daemon, _, rest = text.partition("/")
         sandbox_id, _, launch = rest.partition("/")
         try:
-            pid, start, pidns = (int(part) for part in daemon.split("."))
+            parts = [int(part) for part in daemon.split(".")]
         except ValueError:
             return None
-        return cls(Ident(pid, start), pidns, sandbox_id, launch)
+        if len(parts) not in (3, 4):
+            return None
+        uid = parts[3] if len(parts) == 4 else None
+        return cls(Ident(parts[0], parts[1]), parts[2], sandbox_id, launch, uid)
 
 
 def _pid_namespace() -> int:
@@ -101,7 +111,7 @@ def daemon_ident() -> Ident:
 def daemon_mark(sandbox_id: str, launch: str) -> Mark:
     """The mark of a process this daemon starts for ``launch`` of ``sandbox_id``."""
     ident, pidns = _daemon_ident(os.getpid())
-    return Mark(ident, pidns, sandbox_id, launch)
+    return Mark(ident, pidns, sandbox_id, launch, os.geteuid())
 
 
 class MarkReader:
@@ -150,6 +160,8 @@ def _orphans(procs: dict[int, ProcStat], marks: MarkReader) -> dict[int, int]:
         mark = marks.mark(st)
         if mark is None or mark.pidns != pidns:
             continue  # not marked, or by a daemon whose pids are not ours to look up
+        if mark.uid is not None and mark.uid != os.geteuid():
+            continue  # another user's daemon's: not ours to end
         if mark.daemon not in dead:
             dead[mark.daemon] = _daemon_dead(mark.daemon)
         if dead[mark.daemon]:
