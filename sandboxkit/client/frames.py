@@ -56,6 +56,8 @@ class GapMeta(msgspec.Struct):
     cursor: Seq
     first_available: Seq
     bytes_lost: Seq
+    reason: Annotated[str, msgspec.Meta(max_length=64)] = "evicted"
+    """``evicted`` (retention), or ``not_replayed`` (a lab policy ignored the cursor)."""
 
 
 class KeepaliveMeta(msgspec.Struct):

@@ -206,6 +206,7 @@ class ManagedSandbox:
                 self.lab.snapshot()
             self.state = "paused"
             self.journal.record("sandbox.paused", sandbox_id=self.sandbox_id, reason=reason)
+            self._announce()
 
     async def resume(self, reason: str = "user") -> None:
         """Thaw every process of the sandbox."""
@@ -218,6 +219,13 @@ class ManagedSandbox:
             self.state = "running"
             self.touch()
             self.journal.record("sandbox.resumed", sandbox_id=self.sandbox_id, reason=reason)
+            self._announce()
+
+    def _announce(self) -> None:
+        """Every stream attached to the sandbox hears of its new state now, not at its next
+        keepalive (views follow events, within a second whoever acted)."""
+        for process in self.processes.values():
+            process.fanout.nudge()
 
     async def kill(self, reason: str = "user") -> None:
         """Kill every process (SIGTERM, then SIGKILL), release the tree and the workdir."""

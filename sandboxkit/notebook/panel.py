@@ -551,9 +551,13 @@ class _Follower:
                 self.state.note(f"… output may be missing here, amount unknown: {gap.reason}")
             return
         if self.active:
+            why = (
+                "evicted by the daemon before the panel read them"
+                if gap.reason == "evicted"
+                else gap.why
+            )
             self.state.note(
-                f"… {gap.bytes_lost} bytes lost: evicted by the daemon before the panel "
-                f"read them (cursor {gap.cursor}–{gap.first_available})"
+                f"… {gap.bytes_lost} bytes lost: {why} (cursor {gap.cursor}–{gap.first_available})"
             )
 
     def stream_states(self) -> tuple[str | None, str | None]:
