@@ -9,17 +9,19 @@ from __future__ import annotations
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import fast_config
+from conftest import fast_config, wait_until
 from support import poll
 
-from sandboxkit import AsyncSandbox
+from sandboxkit import AsyncSandbox, Sandbox
 from sandboxkit.client.stream import GapInfo
 from sandboxkit.daemon.config import DaemonConfig
 from sandboxkit.errors import OutputGapWarning
 from sandboxkit.lab_options import LabCursorIgnored, LabOptions
+from sandboxkit.notebook import ProcessPanel
 
 # Numbered lines, a few hundred a second, until killed: output always flows.
 COUNTER = [
@@ -137,3 +139,44 @@ async def test_a_cursor_a_lab_policy_ignores_is_a_gap_of_the_exact_size(
 
 async def _head(sbx: AsyncSandbox, pid: int) -> bool:
     return (await sbx.commands.get(pid)).head > 0
+
+
+# -- the panel ---------------------------------------------------------------------------
+
+
+def _panel_shows(panel: ProcessPanel, state: str) -> Callable[[], bool]:
+    def shows() -> bool:
+        panel.flush()  # no kernel loop here: the test flushes, as the ticker would
+        snap = panel.state.snapshot()
+        label = "Resume" if state == "paused" else "Pause"
+        return snap.shown_state == state and panel.pause_button.description == label
+
+    return shows
+
+
+def test_the_panel_follows_pause_and_resume_by_others_within_1s(conn: dict[str, Any]) -> None:
+    """The dashboard, code or the CLI pauses and resumes the sandbox: the panel's status
+    and its Pause/Resume button follow within 1 s, output flowing (issue 20: it said
+    "paused" for 10 s+ after a resume while output scrolled)."""
+    with Sandbox.create(**conn) as sbx:
+        pid = sbx.commands.run(COUNTER, background=True).pid
+        panel = ProcessPanel(sbx, pid)
+        other = Sandbox.connect(sbx.sandbox_id, **conn)
+        try:
+            wait_until(lambda: panel.line_count >= 10, timeout=10, what="output")
+            for _ in range(2):
+                other.pause()
+                wait_until(_panel_shows(panel, "paused"), timeout=1.0, what="paused in 1 s")
+                other.resume()
+                wait_until(_panel_shows(panel, "running"), timeout=1.0, what="running in 1 s")
+            # The panel's own button, then someone else undoing it.
+            panel.on_pause_resume()
+            assert _panel_shows(panel, "paused")()
+            other.resume()
+            wait_until(_panel_shows(panel, "running"), timeout=1.0, what="running in 1 s")
+            count = panel.line_count
+            wait_until(lambda: panel.line_count > count + 10, timeout=10, what="output again")
+            assert _panel_shows(panel, "running")()
+        finally:
+            other.close()
+            panel.close()

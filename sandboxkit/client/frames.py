@@ -37,6 +37,8 @@ class StartMeta(msgspec.Struct):
     keepalive_interval: Interval | None = None
     process_state: State = None
     sandbox_state: State = None
+    state_seq: Seq | None = None
+    """The sandbox's count of lifecycle transitions when the states were read."""
     requested_cursor: Seq | None = None
     """The cursor the client asked for; differs from ``cursor`` only under a fault-lab
     fan-out policy that cannot honour it (``blocking``/``kick``)."""
@@ -65,6 +67,7 @@ class KeepaliveMeta(msgspec.Struct):
 
     process_state: State = None
     sandbox_state: State = None
+    state_seq: Seq | None = None
 
 
 class EndMeta(msgspec.Struct):

@@ -210,6 +210,10 @@ class ProcessStream:
         self.ended = False
         self.process_state: str | None = None
         self.sandbox_state: str | None = None
+        self.state_seq: int | None = None
+        """The sandbox's count of lifecycle transitions when the daemon last told this
+        stream its states (it does at once on every change): orders them against an
+        action's result (``SandboxInfo.raw["state_seq"]``)."""
         self.last_frame_at: float | None = None
         self.gaps: list[GapInfo] = []
         self._keepalive: float | None = None
@@ -421,6 +425,8 @@ class ProcessStream:
             self.process_state = meta.process_state
         if meta.sandbox_state is not None:
             self.sandbox_state = meta.sandbox_state
+        if meta.state_seq is not None:
+            self.state_seq = meta.state_seq
 
     async def _gap(self, gap: GapInfo) -> None:
         self.gaps.append(gap)

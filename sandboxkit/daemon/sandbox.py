@@ -67,6 +67,8 @@ class ManagedSandbox:
         """The fault lab's machinery, for a sandbox created with lab options (else None:
         ``cursor`` fan-out, no ghosts)."""
         self.state: SandboxState = "running"
+        self.state_seq = 0
+        """Counts lifecycle transitions: a view orders what it hears by it."""
         self.created_at = time.time()
         self.killed_at: float | None = None
         self.last_activity = time.monotonic()
@@ -116,6 +118,7 @@ class ManagedSandbox:
             self.journal,
             self._state,
             self._fanout,
+            state_seq=self._state_seq,
             log_dir=self.runtime_dir / f"log-{self._logs}" if self.config.output_on_disk else None,
         )
         await process.start(self.tree, str(self.workdir), self.envs)
@@ -205,6 +208,7 @@ class ManagedSandbox:
             if self.lab is not None:
                 self.lab.snapshot()
             self.state = "paused"
+            self.state_seq += 1
             self.journal.record("sandbox.paused", sandbox_id=self.sandbox_id, reason=reason)
             self._announce()
 
@@ -217,6 +221,7 @@ class ManagedSandbox:
             if self.lab is not None:
                 await self.lab.restore()
             self.state = "running"
+            self.state_seq += 1
             self.touch()
             self.journal.record("sandbox.resumed", sandbox_id=self.sandbox_id, reason=reason)
             self._announce()
@@ -246,6 +251,7 @@ class ManagedSandbox:
             with contextlib.suppress(OSError):
                 shutil.rmtree(self.workdir)
             self.state = "killed"
+            self.state_seq += 1
             self.killed_at = time.time()
             self.journal.record("sandbox.killed", sandbox_id=self.sandbox_id, reason=reason)
 
@@ -258,6 +264,9 @@ class ManagedSandbox:
 
     def _state(self) -> str:
         return self.state
+
+    def _state_seq(self) -> int:
+        return self.state_seq
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready description."""
@@ -276,4 +285,5 @@ class ManagedSandbox:
             "killed_at": self.killed_at,
             "freezer": self.tree.backend,
             "processes": sum(1 for p in self.processes.values() if p.running),
+            "state_seq": self.state_seq,
         }

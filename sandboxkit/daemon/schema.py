@@ -157,6 +157,9 @@ class SandboxInfo(Struct):
     killed_at: float | None
     freezer: str
     processes: int
+    state_seq: int
+    """Counts the sandbox's lifecycle transitions (pause, resume, kill); streams carry it in
+    their state frames, so a view can tell a state sent before its action from one after."""
 
 
 class ProcessSpecInfo(Struct):
