@@ -24,7 +24,28 @@ if TYPE_CHECKING:
     # CLI command and client process would pay.
     import pandas as pd
 
-__all__ = ["DEFAULT_TIMEOUT", "AsyncSandbox", "consumers_frame", "events_frame"]
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "AsyncSandbox",
+    "consumers_frame",
+    "events_frame",
+    "note_sandbox",
+    "sandboxes_of_this_process",
+]
+
+_OF_THIS_PROCESS: set[str] = set()
+
+
+def note_sandbox(sandbox_id: str) -> None:
+    """Remember that this Python process (a notebook's kernel) made or opened a client
+    of ``sandbox_id``: the dashboard shows these by default."""
+    _OF_THIS_PROCESS.add(sandbox_id)
+
+
+def sandboxes_of_this_process() -> frozenset[str]:
+    """Ids of the sandboxes this process created or connected to (any daemon)."""
+    return frozenset(_OF_THIS_PROCESS)
+
 
 _KILL_DRAIN = 2.0
 
@@ -75,6 +96,7 @@ class AsyncSandbox:
         self._owner = TaskOwner(info.sandbox_id)
         self.sandbox_id = info.sandbox_id
         self.info = info
+        note_sandbox(info.sandbox_id)
         self.commands = AsyncCommands(api, info.sandbox_id, self._owner)
         self.files = AsyncFiles(api, info.sandbox_id)
 

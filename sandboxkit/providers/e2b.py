@@ -75,7 +75,7 @@ from sandboxkit.client.commands import AsyncCommands, FollowOptions
 from sandboxkit.client.files import AsyncFiles, EntryInfo, WriteInfo
 from sandboxkit.client.local import Connection
 from sandboxkit.client.results import CommandResult, ProcessInfo, SandboxInfo
-from sandboxkit.client.sandbox import AsyncSandbox, consumers_frame, events_frame
+from sandboxkit.client.sandbox import AsyncSandbox, consumers_frame, events_frame, note_sandbox
 from sandboxkit.client.stdin import StdinSession
 from sandboxkit.client.stream import GapInfo, OnGap, ProcessStream
 from sandboxkit.client.tasks import TaskOwner
@@ -1023,6 +1023,7 @@ class E2BSandbox(AsyncSandbox):
         self._owner = TaskOwner(sandbox_id)
         self._keep_bytes = keep_bytes
         self.sandbox_id = sandbox_id
+        note_sandbox(sandbox_id)
         self.debug = target.debug
         self.info = SandboxInfo(
             sandbox_id=sandbox_id,
