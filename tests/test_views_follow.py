@@ -6,6 +6,7 @@ both get a gap of the exact size."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
 import warnings
@@ -22,6 +23,7 @@ from sandboxkit.daemon.config import DaemonConfig
 from sandboxkit.errors import OutputGapWarning
 from sandboxkit.lab_options import LabCursorIgnored, LabOptions
 from sandboxkit.notebook import ProcessPanel
+from sandboxkit.notebook.dashboard import SandboxDashboard
 
 # Numbered lines, a few hundred a second, until killed: output always flows.
 COUNTER = [
@@ -123,7 +125,7 @@ async def test_a_cursor_a_lab_policy_ignores_is_a_gap_of_the_exact_size(
     lab = LabOptions(fanout="blocking" if policy == "blocking" else "kick")
     async with await AsyncSandbox.create(lab=lab, **conn) as sbx:
         talker = await sbx.commands.run([sys.executable, "-c", TALKER], background=True)
-        await poll(lambda: _head(sbx, talker.pid), 10, "the talker's line")  # one chunk: b"hello\n"
+        await poll(lambda: _head(sbx, talker.pid), 10, "the talker's line")
         gaps: list[GapInfo] = []
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -138,7 +140,8 @@ async def test_a_cursor_a_lab_policy_ignores_is_a_gap_of_the_exact_size(
 
 
 async def _head(sbx: AsyncSandbox, pid: int) -> bool:
-    return (await sbx.commands.get(pid)).head > 0
+    """The whole line is in the log (print may write it in two pieces)."""
+    return bool((await sbx.commands.get(pid)).raw["total_bytes"] == len(b"hello\n"))
 
 
 # -- the panel ---------------------------------------------------------------------------
@@ -180,3 +183,51 @@ def test_the_panel_follows_pause_and_resume_by_others_within_1s(conn: dict[str, 
         finally:
             other.close()
             panel.close()
+
+
+# -- the event journal as a subscription, and the dashboard --------------------------------
+
+
+async def test_a_long_poll_of_events_answers_when_the_next_event_is_recorded(
+    conn: dict[str, Any],
+) -> None:
+    async with await AsyncSandbox.create(**conn) as sbx:
+        next_event = (await sbx._api.call("GET", "/health"))["next_event"]
+        assert [e["seq"] for e in await sbx.raw_events()][-1] == next_event - 1
+        waiting = asyncio.ensure_future(sbx.raw_events(next_event, wait=20))
+        other = await AsyncSandbox.connect(sbx.sandbox_id, **conn)
+        try:
+            await other.pause()
+            events = await asyncio.wait_for(waiting, 1.0)
+        finally:
+            await other.close()
+        assert events and events[0]["seq"] == next_event
+        assert "sandbox.paused" in [e["kind"] for e in events]
+        # Nothing new: the poll waits its time, then answers with nothing.
+        started = time.monotonic()
+        assert await sbx.raw_events(events[-1]["seq"] + 1, wait=0.3) == []
+        assert time.monotonic() - started >= 0.3
+
+
+async def test_the_dashboard_follows_pause_resume_and_kill_by_others_within_1s(
+    conn: dict[str, Any],
+) -> None:
+    """In a kernel (a running loop) the dashboard re-reads the daemon when its event
+    journal says a sandbox changed, whoever changed it: not at its next 2 s refresh."""
+    dash = SandboxDashboard(**conn)  # the default refresh_interval: 2 s
+    try:
+        sbx = await dash.on_create()
+        other = await AsyncSandbox.connect(sbx.sandbox_id, **conn)
+
+        async def title_says(state: str) -> None:
+            await poll(lambda: f"<b>{state}</b>" in dash.title.value, 1.0, f"{state} in 1 s")
+
+        await title_says("running")
+        await other.pause()
+        await title_says("paused")
+        await other.resume()
+        await title_says("running")
+        await other.kill()
+        await title_says("killed")
+    finally:
+        await dash.aclose()

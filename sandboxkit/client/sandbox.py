@@ -293,9 +293,15 @@ class AsyncSandbox:
         """Per-consumer metrics: cursor, head, lag, bytes sent, state, blocked-since."""
         return consumers_frame(await self._call("GET", "/consumers"))
 
-    async def raw_events(self, since: int = 0) -> builtins.list[dict[str, Any]]:
-        """The event journal as the daemon sends it."""
-        result: builtins.list[dict[str, Any]] = await self._call("GET", "/events", since=since)
+    async def raw_events(
+        self, since: int = 0, *, wait: float | None = None
+    ) -> builtins.list[dict[str, Any]]:
+        """The event journal as the daemon sends it. With ``wait`` (seconds, at most 25)
+        and no event from ``since`` on yet, the daemon answers as soon as one is recorded
+        (a long poll), or with ``[]`` after ``wait``."""
+        result: builtins.list[dict[str, Any]] = await self._call(
+            "GET", "/events", since=since, wait=wait
+        )
         return result
 
     def __repr__(self) -> str:

@@ -46,6 +46,8 @@ __all__ = [
 # -- bounds --------------------------------------------------------------------------------
 
 MAX_INT = 2**63 - 1
+MAX_EVENTS_WAIT = 25.0
+"""The longest long poll of ``GET /events?wait=`` (s): under the client's read timeout."""
 MAX_SECONDS = 10**9
 """About 31 years: any longer timeout is a mistake, and ``asyncio.sleep`` would overflow."""
 MAX_ARG = 128 * 1024 - 1
@@ -125,6 +127,8 @@ class EventsQuery(Struct):
 
     since: Count = 0
     pid: Annotated[int, Meta(ge=-MAX_INT, le=MAX_INT)] | None = None
+    wait: Annotated[float, Meta(ge=0, le=MAX_EVENTS_WAIT)] = 0.0
+    """Seconds to wait for a first matching event when there is none yet (a long poll)."""
 
 
 REQUEST_MODELS: tuple[type[Struct], ...] = (CreateSandbox, SetTimeout, StartProcess, StdinBatch)
@@ -138,6 +142,8 @@ class Health(Struct):
     started_at: float
     sandboxes: int
     closing: bool
+    next_event: int
+    """The sequence number of the next event: where a reader of ``/events`` starts."""
 
 
 class SandboxInfo(Struct):

@@ -34,9 +34,11 @@ from typing import Any, TypeVar
 import ipywidgets as widgets  # type: ignore[import-untyped, unused-ignore]
 import pandas as pd
 
+from sandboxkit.client.api import ApiClient
+from sandboxkit.client.event_watch import is_lifecycle, watch_events
 from sandboxkit.client.loop_thread import LoopThread, shared_loop_thread
 from sandboxkit.client.results import ProcessInfo, SandboxInfo
-from sandboxkit.client.sandbox import AsyncSandbox, sandboxes_of_this_process
+from sandboxkit.client.sandbox import AsyncSandbox, _connection, sandboxes_of_this_process
 from sandboxkit.client.sync import Sandbox
 from sandboxkit.errors import InvalidArgument, SandboxkitError, SandboxNotFound
 from sandboxkit.notebook._runtime import Runtime
@@ -116,6 +118,7 @@ _Tables = tuple[list[SandboxInfo], list[ProcessInfo]]
 
 
 _COMMAND_WIDTH = 90
+_FLUSH_HZ = 10.0
 
 TABLE_STYLE = (
     "<style>"
@@ -210,6 +213,14 @@ class SandboxDashboard:
             if refresh_interval
             else None
         )
+        # Inside a kernel: the daemon's events say when to re-read (a pause, resume or
+        # kill from anywhere shows within a flush), and a fast ticker renders what
+        # changed (a flush with nothing new costs a comparison).
+        self._flusher = self._runtime.ticker(self.flush, _FLUSH_HZ)
+        if self._runtime.live and self._provider is None:
+            self._runtime.start_background(
+                self._follow_events(), name="sandboxkit-dashboard-events"
+            )
 
     # -- widgets -----------------------------------------------------------------------
 
@@ -509,6 +520,27 @@ class SandboxDashboard:
                 state.mine = mine
                 state.version += 1
 
+    async def _follow_events(self) -> None:
+        """On the sandbox loop, for the dashboard's life: re-read the tables whenever the
+        daemon records a lifecycle event (from anyone)."""
+        conn = await _connection(self._url, self._token)
+        api = ApiClient(conn.url, conn.token)
+
+        async def on_events(events: list[dict[str, Any]]) -> None:
+            if self._closed or not any(is_lifecycle(e) for e in events):
+                return
+            with contextlib.suppress(SandboxkitError):
+                self._apply(*await self._fetch())
+            kernel = self._runtime.kernel_loop
+            if kernel is not None and not self._closed:  # render now, on the kernel's thread
+                with contextlib.suppress(RuntimeError):  # that loop is closed
+                    kernel.call_soon_threadsafe(self.flush)
+
+        try:
+            await watch_events(api, on_events)
+        finally:
+            await api.aclose()
+
     async def _auto_refresh(self) -> None:
         """The ticker's callback on the kernel's loop: fetch off-loop, then render."""
         if self._closed:
@@ -566,6 +598,8 @@ class SandboxDashboard:
     def flush(self) -> bool:
         """Render the state into the widgets if it changed since the last flush; True if
         it rendered. Call on the thread that owns the widgets."""
+        if self._closed:
+            return False
         with self._lock:
             version = self.state.version
             if version == self._rendered:

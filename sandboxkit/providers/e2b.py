@@ -1254,8 +1254,11 @@ class E2BSandbox(AsyncSandbox):
         frame.attrs["scope"] = "client"
         return frame
 
-    async def raw_events(self, since: int = 0) -> builtins.list[dict[str, Any]]:
-        """This client's journal (each event's ``data`` says ``"source": "client"``)."""
+    async def raw_events(
+        self, since: int = 0, *, wait: float | None = None
+    ) -> builtins.list[dict[str, Any]]:
+        """This client's journal (each event's ``data`` says ``"source": "client"``);
+        ``wait`` is not supported (E2B has no journal to wait on): answered at once."""
         return self._journal.since(since)
 
     async def events(self, since: int = 0) -> pd.DataFrame:
