@@ -271,10 +271,10 @@ class SandboxDashboard:
                         self.resume_button,
                         self.kill_button,
                         self.refresh_button,
-                        self.show_all_toggle,
-                        self.show_killed_toggle,
                     ]
                 ),
+                # A row of their own: beside the buttons they squeezed "Resume" to "Resu…".
+                widgets.HBox([self.show_all_toggle, self.show_killed_toggle]),
                 self.sandbox_table,
                 widgets.HBox([self.command, self.start_button]),
                 self.table,
