@@ -2,9 +2,9 @@
 
 Commands: serve (run a daemon in the foreground), status (the local daemon and its live
 sandboxes), ps (sandboxes and their processes), run (start a command, in a new sandbox or
-a named one), kill (kill a sandbox), logs (print or follow a process's output from a
-cursor), stop (stop the local daemon), demo (the stall experiment, on a private daemon),
-tour (a walk through the runtime, on a private daemon).
+a named one), kill (kill a sandbox), pause and resume (a sandbox), logs (print or follow a
+process's output from a cursor), stop (stop the local daemon), demo (the stall experiment,
+on a private daemon), tour (a walk through the runtime, on a private daemon).
 
 Without --state-file, the commands find this install's local daemon through the state
 file: $SANDBOXKIT_STATE_FILE, else $XDG_RUNTIME_DIR/sandboxkit/daemon.json, else
@@ -190,6 +190,30 @@ def _cmd_kill(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_pause_resume(args: argparse.Namespace) -> int:
+    import httpx
+
+    state = _running(args)
+    if state is None:
+        return 1
+    headers = {"Authorization": f"Bearer {state.token}"}
+    action = args.command  # "pause" or "resume"
+    url = f"{state.url}/sandboxes/{args.sandbox_id}/{action}"
+    response = httpx.post(url, headers=headers, timeout=30)
+    if response.status_code == 404:
+        print(f"no sandbox {args.sandbox_id}", file=sys.stderr)
+        return 1
+    if response.status_code >= 400:
+        try:
+            message = str(response.json()["message"])
+        except (ValueError, KeyError, TypeError):
+            message = f"HTTP {response.status_code}: {response.text[:200]}"
+        print(f"error: {message}", file=sys.stderr)
+        return 1
+    print(f"sandbox {args.sandbox_id} is {response.json()['state']}")
+    return 0
+
+
 def _cmd_logs(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -298,8 +322,10 @@ async def _logs(
 ) -> int:
     """Write the process's output byte for byte (stdout to stdout, stderr to stderr) from
     ``cursor``; without ``follow`` up to the output there is now. Ends by telling on
-    stderr the cursor to resume from. ``exit_code``: end with the process's exit code
-    (128 + the signal for one a signal ended), not 0."""
+    stderr the cursor to resume from. With ``follow``, a status line on stderr
+    (``# pid N · paused · sandbox paused · cursor C``) each time the process's or the
+    sandbox's state changes, whoever changed it: the daemon says so at once. ``exit_code``:
+    end with the process's exit code (128 + the signal for one a signal ended), not 0."""
     from sandboxkit.client.api import ApiClient
     from sandboxkit.errors import SandboxkitError
     from sandboxkit.wire import FrameKind
@@ -307,6 +333,20 @@ async def _logs(
     api = ApiClient(state.url, state.token)
     path = f"/sandboxes/{sandbox_id}/processes/{pid}"
     ended = False
+    shown: tuple[object, object] | None = None
+
+    def status(meta: dict[str, object]) -> None:
+        nonlocal shown
+        states = (meta.get("process_state"), meta.get("sandbox_state"))
+        if not follow or states == shown or states[0] is None:
+            return
+        shown = states
+        print(
+            f"# pid {pid} · {states[0]} · sandbox {states[1]} · cursor {cursor}",
+            file=sys.stderr,
+            flush=True,
+        )
+
     try:
         head = int((await api.call("GET", path))["head"])
         if not follow and cursor is not None and cursor >= head:
@@ -315,8 +355,11 @@ async def _logs(
             async for frame in frames:
                 if frame.kind is FrameKind.START:
                     cursor = int(frame.meta["cursor"])
+                    status(frame.meta)
                     if not follow and cursor >= head:
                         break
+                elif frame.kind is FrameKind.KEEPALIVE:
+                    status(frame.meta)
                 elif frame.kind is FrameKind.DATA:
                     out = sys.stderr if frame.meta.get("stream") == "stderr" else sys.stdout
                     out.buffer.write(frame.payload)
@@ -325,9 +368,14 @@ async def _logs(
                     if not follow and cursor >= head:
                         break
                 elif frame.kind is FrameKind.GAP:
+                    why = (
+                        "not replayed: the sandbox's lab fan-out delivers new output only"
+                        if frame.meta.get("reason") == "not_replayed"
+                        else "evicted by the daemon before this reader read them"
+                    )
                     print(
-                        f"# {frame.meta['bytes_lost']} bytes were evicted before cursor "
-                        f"{frame.meta['first_available']}",
+                        f"# {frame.meta['bytes_lost']} bytes lost: {why} (cursor "
+                        f"{frame.meta['cursor']}–{frame.meta['first_available']})",
                         file=sys.stderr,
                     )
                     cursor = int(frame.meta["first_available"])
@@ -560,6 +608,15 @@ def _parser() -> argparse.ArgumentParser:
     kill.add_argument("sandbox_id", metavar="ID", help="the sandbox, e.g. sbx-1a2b3c4d (see ps)")
     kill.add_argument("--state-file", help=_STATE_FILE_HELP)
     kill.set_defaults(func=_cmd_kill)
+
+    for action, what in (
+        ("pause", "pause a sandbox: freeze every process in it"),
+        ("resume", "resume a paused sandbox"),
+    ):
+        cmd = _sub(sub, action, what)
+        cmd.add_argument("sandbox_id", metavar="ID", help="the sandbox, e.g. sbx-1a2b3c4d (see ps)")
+        cmd.add_argument("--state-file", help=_STATE_FILE_HELP)
+        cmd.set_defaults(func=_cmd_pause_resume, command=action)
 
     logs = _sub(sub, "logs", "print a process's output from a cursor, byte for byte")
     logs.add_argument("sandbox_id", metavar="ID", help="the sandbox (see ps)")

@@ -41,7 +41,8 @@ CHECKS = [
 def daemon_config() -> DaemonConfig:
     # Processes the fuzzer starts die quickly on their own, and the body limit is small
     # enough that oversized bodies are cheap to generate.
-    return fast_config(max_body=256 * 1024, kill_grace=0.2)
+    # A long poll of the event journal is cut short, so a generated ``wait`` costs no time.
+    return fast_config(max_body=256 * 1024, kill_grace=0.2, events_wait_max=0.05)
 
 
 @pytest.fixture

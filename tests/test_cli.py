@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import queue
 import re
 import signal
 import stat
@@ -11,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -467,3 +468,63 @@ def test_a_daemon_of_another_install_is_left_alone(
     finally:
         stop_daemon(install_state_path(path), env)
     assert read_state(path) == foreign
+
+
+@pytest.mark.timeout(60)
+def test_logs_follow_shows_each_pause_and_resume_within_1s(served: Served) -> None:
+    """Issue 20: the status a terminal reader sees follows the sandbox's lifecycle, whoever
+    changes it, within a second (the daemon's keepalive is 2 s here)."""
+    state = served.wait_ready()
+    sbx = Sandbox.create(url=state.url, token=state.token)
+    follower: subprocess.Popen[str] | None = None
+    try:
+        counter = (
+            "import time\nfor i in range(10**6):\n    print(i, flush=True)\n"
+            "    time.sleep(0.01)\n"  # sleep-ok: the child's pace
+        )
+        handle = sbx.commands.run([sys.executable, "-c", counter], background=True)
+        follower = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "sandboxkit", "logs", sbx.sandbox_id, str(handle.pid)),
+                *("--follow", "--state-file", str(served.state_path)),
+            ],
+            env=served.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(
+            target=lambda: [lines.put(line) for line in follower.stderr or ()], daemon=True
+        ).start()
+
+        def next_status(timeout: float) -> str:
+            deadline = time.monotonic() + timeout
+            while True:
+                line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+                if line.startswith("# pid "):
+                    return line
+
+        assert "running" in next_status(10), "the status when the stream starts"
+        flag = ("--state-file", str(served.state_path))
+
+        def from_the_cli(action: str) -> Callable[[], None]:
+            def act() -> None:
+                done = cli(action, sbx.sandbox_id, *flag, env=served.env)
+                assert done.returncode == 0, done.stderr
+                assert done.stdout.strip().endswith("paused" if action == "pause" else "running")
+
+            return act
+
+        actions = [(sbx.pause, "paused"), (sbx.resume, "running")]  # from code
+        actions += [(from_the_cli("pause"), "paused"), (from_the_cli("resume"), "running")]
+        for action, shown in actions:
+            action()
+            line = next_status(1.0)
+            assert f" · {shown} · " in line, line
+    finally:
+        if follower is not None:
+            follower.terminate()
+            follower.wait(10)
+        sbx.kill()

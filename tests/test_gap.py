@@ -280,6 +280,7 @@ async def test_attached_consumer_that_falls_behind_retention_gets_a_gap(
                 e for e in await sbx.raw_events() if e["kind"] == "consumer.gap" and e["pid"] == pid
             ]
             assert len(events) == 1
+            assert events[0]["reason"] == gap.pop("reason") == "evicted"
             assert {k: events[0]["data"][k] for k in gap} == gap
         finally:
             if sock is not None:

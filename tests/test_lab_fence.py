@@ -1,7 +1,8 @@
 """The fault lab behind one fence: a sandbox is a lab sandbox only through its one ``lab``
 option; a production sandbox reports none; the lab's queue policies get what they need
 at attach (a start cursor, a kick callback) and never reach into a consumer; and a cursor
-they cannot honour is reported (a warning, a journal event), not silently dropped."""
+they cannot honour is reported (a gap of its exact size, a journal event), not silently
+dropped."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from sandboxkit import AsyncSandbox
 from sandboxkit.daemon.faults.fanout import BlockingFanout, KickFanout
 from sandboxkit.daemon.output_log import OutputLog
 from sandboxkit.daemon.server import DaemonServer
+from sandboxkit.errors import OutputGapWarning
 from sandboxkit.lab_options import LabCursorIgnored, LabOptions
 
 # Prints one line, then waits to be killed: the stream stays open.
@@ -62,7 +64,7 @@ def test_the_lab_options_are_one_strict_object_on_the_wire(daemon: DaemonServer)
 
 
 @pytest.mark.parametrize("policy", ["blocking", "kick"])
-async def test_a_cursor_a_queue_policy_cannot_honour_warns_and_is_journaled(
+async def test_a_cursor_a_queue_policy_cannot_honour_is_a_gap_and_is_journaled(
     conn: dict[str, str | None], policy: str
 ) -> None:
     lab = LabOptions(fanout="blocking" if policy == "blocking" else "kick")
@@ -79,9 +81,13 @@ async def test_a_cursor_a_queue_policy_cannot_honour_warns_and_is_journaled(
         (event,) = events
         assert event["data"]["requested"] == 0 and event["data"]["cursor"] > 0, event
         assert event["reason"] == policy
-        ignored = [w for w in caught if issubclass(w.category, LabCursorIgnored)]
-        assert len(ignored) == 1, [str(w.message) for w in caught]
-        assert "cursor 0" in str(ignored[0].message)
+        # Said where the reader looks, as any loss: a gap (here the SDK's default, a
+        # warning and a marker in stdout), not a warning of another kind.
+        assert not [w for w in caught if issubclass(w.category, LabCursorIgnored)]
+        lost = [w for w in caught if issubclass(w.category, OutputGapWarning)]
+        assert len(lost) == 1, [str(w.message) for w in caught]
+        assert "cursor 0 ->" in str(lost[0].message)
+        assert "not replayed" in str(lost[0].message)
         await talker.kill()
 
 

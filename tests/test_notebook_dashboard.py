@@ -9,6 +9,7 @@ import shlex
 import sys
 from collections.abc import Iterator
 
+import httpx
 import pandas as pd
 import pytest
 
@@ -143,6 +144,8 @@ def test_pause_resume_and_kill_change_the_state(
     assert _state_of(conn, sandbox_id) == "killed"
     assert dashboard.sbx is None
     assert sandbox_id not in dashboard.selector.options
+    assert sandbox_id not in set(dashboard.sandboxes_frame()["sandbox_id"])
+    dashboard.on_show_killed(True)  # killed ones only on request
     frame = dashboard.sandboxes_frame().set_index("sandbox_id")
     assert frame.loc[sandbox_id, "state"] == "killed"
 
@@ -275,10 +278,10 @@ async def test_on_the_running_loop_handlers_are_tasks_and_the_table_refreshes_it
             # A process started behind the dashboard's back shows up by itself.
             other = await sbx.commands.start("sleep 31")
             deadline = asyncio.get_running_loop().time() + 10
-            while other.pid not in set(dash.processes_frame()["pid"]):
+            while "sleep 31" not in dash.table.value:  # what a person sees
                 assert asyncio.get_running_loop().time() < deadline, "no auto refresh"
                 await asyncio.sleep(0.01)  # sleep-ok: poll interval
-            assert "sleep 31" in dash.table.value
+            assert other.pid in set(dash.processes_frame()["pid"])
             await sbx.pause()  # behind the dashboard's back: starting fails now
             failing = dash.on_start("true")
             assert isinstance(failing, asyncio.Task)
@@ -444,3 +447,69 @@ def test_stall_lab_close_closes_every_child_widget() -> None:
     assert len(tree) > 8
     lab.close()
     assert not [w for w in tree if getattr(w, "comm", None) is not None]
+
+
+# -- whose sandboxes (issue 20) ------------------------------------------------------------
+
+
+def _made_elsewhere(conn: dict[str, str | None]) -> str:
+    """A sandbox an earlier notebook made: created over plain HTTP, never by a client of
+    this process."""
+    headers = {"authorization": f"Bearer {conn['token']}"}
+    with httpx.Client(base_url=str(conn["url"]), headers=headers) as http:
+        response = http.post("/sandboxes", json={"timeout": 60})
+        response.raise_for_status()
+        return str(response.json()["sandbox_id"])
+
+
+@pytest.mark.timeout(30)
+def test_create_then_kill_never_selects_a_sandbox_of_another_notebook(
+    dashboard: SandboxDashboard, conn: dict[str, str | None]
+) -> None:
+    """Issue 20: Create, then Kill selected a sandbox an earlier notebook made, and the
+    next Kill or Pause acted on it."""
+    other = _made_elsewhere(conn)
+    try:
+        dashboard.refresh()
+        assert other not in set(dashboard.sandboxes_frame()["sandbox_id"])
+        assert other not in dashboard.selector.options
+        sbx = dashboard.on_create()
+        assert sbx is not None
+        dashboard.on_kill()
+        assert dashboard.state.selected is None and dashboard.sbx is None
+        assert "no sandbox selected" in dashboard.title.value
+        assert dashboard.kill_button.disabled and dashboard.pause_button.disabled
+        with pytest.raises(SandboxNotFound):
+            dashboard.on_pause()
+        assert _state_of(conn, other) == "running"
+        # Killed ones only on request; the other notebook's only with the toggle.
+        assert sbx.sandbox_id not in set(dashboard.sandboxes_frame()["sandbox_id"])
+        dashboard.show_killed_toggle.value = True  # what a click does
+        frame = dashboard.sandboxes_frame().set_index("sandbox_id")
+        assert frame.loc[sbx.sandbox_id, "state"] == "killed" and other not in frame.index
+        dashboard.show_all_toggle.value = True
+        assert other in set(dashboard.sandboxes_frame()["sandbox_id"])
+        assert other in dashboard.selector.options
+        assert dashboard.state.selected is None  # showing it selects nothing
+    finally:
+        Sandbox.connect(other, **conn).kill()
+
+
+@pytest.mark.timeout(30)
+def test_hiding_the_selected_sandbox_deselects_it(
+    dashboard: SandboxDashboard, conn: dict[str, str | None]
+) -> None:
+    other = _made_elsewhere(conn)
+    try:
+        dashboard.on_show_all(True)
+        dashboard.refresh()
+        dashboard.selector.value = other
+        assert dashboard.state.selected == other
+        dashboard.on_show_all(False)  # selecting it made it this notebook's: still shown
+        assert dashboard.state.selected == other
+        mine = dashboard.on_create()
+        assert mine is not None
+        dashboard.on_kill()
+        assert dashboard.state.selected == other  # shown, live: a valid next choice
+    finally:
+        Sandbox.connect(other, **conn).kill()

@@ -244,9 +244,11 @@ def test_state_tail_is_bounded_in_bytes_and_starts_at_a_line() -> None:
 
 
 def test_rate_cap_drops_the_oldest_pending_bytes_with_a_visible_marker() -> None:
+    """The marker speaks the status line's units: bytes, and cursors (chunk numbers, as
+    in "cursor 601"), not byte offsets dressed as cursors."""
     state = PanelState(1, max_pending=1024)
-    for i in range(1000):
-        state.feed_stdout(f"line {i:04d}\n", cursor=(i + 1) * 10)
+    for i in range(1000):  # one 10-byte line per chunk: chunk i leaves the cursor at i + 1
+        state.feed_stdout(f"line {i:04d}\n", cursor=i + 1)
     sent = state.take_output().decode()
     assert len(sent) <= 1024 + 100, "at most one flush's worth, plus the marker"
     marker, rest = sent.split("\n", 1)[1], sent.split("\n", 2)[2]
@@ -255,8 +257,10 @@ def test_rate_cap_drops_the_oldest_pending_bytes_with_a_visible_marker() -> None
     skipped, a, b = map(int, match.groups())
     assert rest.startswith("line ") and rest.endswith("line 0999\n"), "the newest output"
     assert skipped + len(rest) == 10_000, "every byte is either shown or counted"
-    assert (a, b) == (0, skipped)
+    assert skipped % 10 == 0, "whole lines: the kept output starts at a line"
+    assert (a, b) == (0, skipped // 10), "chunks 0 .. b-1 were skipped; b is shown next"
     assert state.snapshot().skipped == skipped
+    assert state.snapshot().cursor == 1000
     # Below the cap nothing is skipped.
     state.feed_stdout("calm\n")
     assert state.take_output() == b"calm\n"

@@ -37,6 +37,8 @@ class StartMeta(msgspec.Struct):
     keepalive_interval: Interval | None = None
     process_state: State = None
     sandbox_state: State = None
+    state_seq: Seq | None = None
+    """The sandbox's count of lifecycle transitions when the states were read."""
     requested_cursor: Seq | None = None
     """The cursor the client asked for; differs from ``cursor`` only under a fault-lab
     fan-out policy that cannot honour it (``blocking``/``kick``)."""
@@ -56,6 +58,8 @@ class GapMeta(msgspec.Struct):
     cursor: Seq
     first_available: Seq
     bytes_lost: Seq
+    reason: Annotated[str, msgspec.Meta(max_length=64)] = "evicted"
+    """``evicted`` (retention), or ``not_replayed`` (a lab policy ignored the cursor)."""
 
 
 class KeepaliveMeta(msgspec.Struct):
@@ -63,6 +67,7 @@ class KeepaliveMeta(msgspec.Struct):
 
     process_state: State = None
     sandbox_state: State = None
+    state_seq: Seq | None = None
 
 
 class EndMeta(msgspec.Struct):

@@ -26,7 +26,28 @@ if TYPE_CHECKING:
     # CLI command and client process would pay.
     import pandas as pd
 
-__all__ = ["DEFAULT_TIMEOUT", "AsyncSandbox", "consumers_frame", "events_frame"]
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "AsyncSandbox",
+    "consumers_frame",
+    "events_frame",
+    "note_sandbox",
+    "sandboxes_of_this_process",
+]
+
+_OF_THIS_PROCESS: set[str] = set()
+
+
+def note_sandbox(sandbox_id: str) -> None:
+    """Remember that this Python process (a notebook's kernel) made or opened a client
+    of ``sandbox_id``: the dashboard shows these by default."""
+    _OF_THIS_PROCESS.add(sandbox_id)
+
+
+def sandboxes_of_this_process() -> frozenset[str]:
+    """Ids of the sandboxes this process created or connected to (any daemon)."""
+    return frozenset(_OF_THIS_PROCESS)
+
 
 _KILL_DRAIN = 2.0
 
@@ -77,6 +98,7 @@ class AsyncSandbox:
         self._owner = TaskOwner(info.sandbox_id)
         self.sandbox_id = info.sandbox_id
         self.info = info
+        note_sandbox(info.sandbox_id)
         self.commands = AsyncCommands(api, info.sandbox_id, self._owner)
         self.files = AsyncFiles(api, info.sandbox_id)
 
@@ -300,9 +322,15 @@ class AsyncSandbox:
         """Per-consumer metrics: cursor, head, lag, bytes sent, state, blocked-since."""
         return consumers_frame(await self._call("GET", "/consumers"))
 
-    async def raw_events(self, since: int = 0) -> builtins.list[dict[str, Any]]:
-        """The event journal as the daemon sends it."""
-        result: builtins.list[dict[str, Any]] = await self._call("GET", "/events", since=since)
+    async def raw_events(
+        self, since: int = 0, *, wait: float | None = None
+    ) -> builtins.list[dict[str, Any]]:
+        """The event journal as the daemon sends it. With ``wait`` (seconds, at most 25)
+        and no event from ``since`` on yet, the daemon answers as soon as one is recorded
+        (a long poll), or with ``[]`` after ``wait``."""
+        result: builtins.list[dict[str, Any]] = await self._call(
+            "GET", "/events", since=since, wait=wait
+        )
         return result
 
     def __repr__(self) -> str:

@@ -28,7 +28,6 @@ from sandboxkit.errors import (
     StreamStalled,
     error_from_wire,
 )
-from sandboxkit.lab_options import LabCursorIgnored
 from sandboxkit.wire import Frame, FrameKind
 
 __all__ = [
@@ -61,6 +60,16 @@ class GapInfo:
     cursor: int
     first_available: int
     bytes_lost: int
+    reason: str = "evicted"
+    """Why: ``evicted`` (the daemon's retention passed the cursor) or ``not_replayed``
+    (the sandbox's lab fan-out delivers new output only and did not honour the cursor)."""
+
+    @property
+    def why(self) -> str:
+        """The reason in words, for a marker or a warning."""
+        if self.reason == "not_replayed":
+            return "not replayed: the sandbox's lab fan-out delivers new output only"
+        return "evicted by the daemon before this reader read them"
 
 
 OnGap = Callable[[GapInfo], Any] | Literal["raise"] | None
@@ -207,6 +216,10 @@ class ProcessStream:
         self.ended = False
         self.process_state: str | None = None
         self.sandbox_state: str | None = None
+        self.state_seq: int | None = None
+        """The sandbox's count of lifecycle transitions when the daemon last told this
+        stream its states (it does at once on every change): orders them against an
+        action's result (``SandboxInfo.raw["state_seq"]``)."""
         self.last_frame_at: float | None = None
         self.gaps: list[GapInfo] = []
         self._keepalive: float | None = None
@@ -405,15 +418,8 @@ class ProcessStream:
             self.stats.bytes += len(frame.payload)
             await self._deliver(meta.stream, frame.payload)
         elif kind is FrameKind.START:
-            if meta.requested_cursor is not None and meta.cursor != meta.requested_cursor:
-                warnings.warn(
-                    LabCursorIgnored(
-                        f"process {self.pid}: the sandbox's lab fan-out {meta.fanout!r} "
-                        f"delivers new output only; asked for cursor {meta.requested_cursor}, "
-                        f"streaming from {meta.cursor}"
-                    ),
-                    stacklevel=2,
-                )
+            # A cursor a lab policy did not honour comes as a gap frame right after this
+            # one (its exact size), handled like any gap.
             self._seq = meta.cursor
             self._keepalive = meta.keepalive_interval or _OPEN_TIMEOUT
             self._states(meta)
@@ -422,7 +428,9 @@ class ProcessStream:
         elif kind is FrameKind.GAP:
             if meta.first_available < meta.cursor:
                 raise MalformedFrame(f"gap frame goes backwards: {frame.meta}"[:300])
-            await self._gap(GapInfo(meta.cursor, meta.first_available, meta.bytes_lost))
+            await self._gap(
+                GapInfo(meta.cursor, meta.first_available, meta.bytes_lost, meta.reason)
+            )
         elif kind is FrameKind.END:
             self.exit_code = meta.exit_code
             self.end_reason = meta.reason
@@ -442,6 +450,8 @@ class ProcessStream:
             self.process_state = meta.process_state
         if meta.sandbox_state is not None:
             self.sandbox_state = meta.sandbox_state
+        if meta.state_seq is not None:
+            self.state_seq = meta.state_seq
 
     async def _gap(self, gap: GapInfo) -> None:
         self.gaps.append(gap)
@@ -462,9 +472,9 @@ class ProcessStream:
         # Nobody asked to handle gaps: never lose output silently.
         warnings.warn(
             OutputGapWarning(
-                f"{gap.bytes_lost} bytes of process {self.pid}'s output were evicted by the "
-                f"daemon before this client read them (cursor {gap.cursor} -> "
-                f"{gap.first_available}); pass on_gap= to handle gaps yourself"
+                f"{gap.bytes_lost} bytes of process {self.pid}'s output lost, {gap.why} "
+                f"(cursor {gap.cursor} -> {gap.first_available}); pass on_gap= to handle "
+                "gaps yourself"
             ),
             stacklevel=2,
         )

@@ -537,9 +537,12 @@ class Sandbox:
         """Per-consumer metrics as a DataFrame."""
         return self._loop.run(self._async.consumers())
 
-    def raw_events(self, since: int = 0) -> builtins.list[dict[str, Any]]:
-        """The event journal as the daemon sends it."""
-        return self._loop.run(self._async.raw_events(since))
+    def raw_events(
+        self, since: int = 0, *, wait: float | None = None
+    ) -> builtins.list[dict[str, Any]]:
+        """The event journal as the daemon sends it (``wait``: a long poll, see
+        :meth:`AsyncSandbox.raw_events`)."""
+        return self._loop.run(self._async.raw_events(since, wait=wait))
 
     def __enter__(self) -> Sandbox:
         return self

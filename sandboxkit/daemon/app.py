@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 import secrets
+import time
 from asyncio import selector_events
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -373,6 +374,7 @@ class _Api:
                 "isolation": self.host.isolation_support(),
                 "root": str(self.host.root),
                 "root_missing": not self.host.root.is_dir(),
+                "next_event": self.host.journal.next_seq,
             }
         )
 
@@ -511,7 +513,12 @@ class _Api:
         sandbox_id = request.path_params.get("sid")
         if sandbox_id is not None:
             self.host.get(sandbox_id)
-        events = self.host.journal.since(query.since, sandbox_id=sandbox_id, pid=query.pid)
+        journal = self.host.journal
+        events = journal.since(query.since, sandbox_id=sandbox_id, pid=query.pid)
+        deadline = time.monotonic() + min(query.wait, self.host.config.events_wait_max)
+        while not events and (left := deadline - time.monotonic()) > 0:
+            await journal.wait(left)
+            events = journal.since(query.since, sandbox_id=sandbox_id, pid=query.pid)
         return JsonResponse([e.to_json() for e in events])
 
     async def consumers(self, request: Request) -> Response:

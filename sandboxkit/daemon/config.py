@@ -65,6 +65,9 @@ class DaemonConfig:
     """A consumer whose send makes no progress this long while data is pending is kicked."""
     keepalive_interval: float = 2.0
     """Idle streams carry a keepalive frame this often."""
+    events_wait_max: float = 25.0
+    """The longest a long poll of ``GET /events?wait=`` is held open (s); a longer
+    ``wait`` is cut to this."""
     kill_grace: float = 3.0
     """SIGTERM, then SIGKILL after this many seconds."""
     exit_drain: float = 1.0

@@ -16,7 +16,7 @@ from sandboxkit.daemon import heap
 from sandboxkit.daemon.config import DaemonConfig
 from sandboxkit.daemon.events import EventJournal
 from sandboxkit.daemon.fanout import Fanout, Feed
-from sandboxkit.daemon.output_log import Chunk, OutputLog
+from sandboxkit.daemon.output_log import Chunk, Gap, OutputLog
 from sandboxkit.errors import ConsumerKicked, InvalidArgument, SandboxkitError
 from sandboxkit.wire import FrameKind, encode_frame
 
@@ -145,7 +145,9 @@ class Consumer:
         """Who reads: a label the client gives (``sdk`` by default, ``panel``, ...)."""
         self.peer = peer
         self.source = source
-        self.cursor = source.log.first_seq if cursor is None else cursor
+        # No cursor: from the very first chunk. If the start of the output was evicted,
+        # the reader is told how much with a gap frame (never handed the rest as whole).
+        self.cursor = 0 if cursor is None else cursor
         self.config = config
         self.journal = journal
         self.bytes_sent = 0
@@ -165,6 +167,7 @@ class Consumer:
         self._size_buffer: SizeBuffer | None = None
         self._requested = cursor
         self._kick_request: tuple[str, float] | None = None
+        self._states_sent: dict[str, Any] | None = None
         self._watchdog: asyncio.TimerHandle | None = None
         self._coalesce = min(config.send_batch, _FIRST_SENDS)
         self._largest_send = 0
@@ -330,10 +333,17 @@ class Consumer:
                     "keepalive_interval": self.config.keepalive_interval,
                     "stall_timeout": feed.stall_timeout,
                     "fanout": self.source.fanout.name,
-                    **self.source.states(),
+                    **self._states(),
                 },
             ),
         )
+        requested = self._requested
+        if requested is not None and requested < feed.start:
+            # A lab policy that delivers new output only did not honour the cursor: what
+            # lies between is as lost to this reader as evicted output, and said so the
+            # same way, exactly (the reader's on_gap, its marker, the panel's line).
+            lost = log.offset_of(feed.start) - log.offset_of(requested)
+            await self._send_gap(sink, Gap(requested, feed.start, lost), "not_replayed")
         batch_limit = self.config.send_batch
         keepalive = self.config.keepalive_interval
         while True:
@@ -343,25 +353,16 @@ class Consumer:
             finally:
                 self._waiting = False
             gap = pulled.gap
+            states = self.source.states()
+            told = states != self._states_sent and states["process_state"] != "exited"
+            if told:
+                # A lifecycle change (pause, resume, ...) goes out before anything else,
+                # even while output flows (no keepalive is due then): views follow it now.
+                # The sandbox nudges idle feeds when it changes, so that is at once too.
+                # An exit is said by the end frame, after the rest of the output.
+                await self._send_keepalive(sink)
             if gap is not None:
-                self._record(
-                    "consumer.gap",
-                    cursor=gap.cursor,
-                    first_available=gap.first_available,
-                    bytes_lost=gap.bytes_lost,
-                )
-                await self._send(
-                    sink,
-                    encode_frame(
-                        FrameKind.GAP,
-                        {
-                            "cursor": gap.cursor,
-                            "first_available": gap.first_available,
-                            "bytes_lost": gap.bytes_lost,
-                        },
-                    ),
-                )
-                self.cursor = gap.first_available
+                await self._send_gap(sink, gap)
             if pulled.chunks:
                 await self._send_chunks(sink, pulled.chunks)
             if pulled.ended:
@@ -378,14 +379,43 @@ class Consumer:
                     ),
                 )
                 return
-            if gap is None and not pulled.chunks:
-                await self._send(
-                    sink,
-                    encode_frame(
-                        FrameKind.KEEPALIVE,
-                        {"cursor": self.cursor, "head": log.head, **self.source.states()},
-                    ),
-                )
+            if gap is None and not pulled.chunks and not told:
+                await self._send_keepalive(sink)
+
+    def _states(self) -> dict[str, Any]:
+        self._states_sent = states = self.source.states()
+        return states
+
+    async def _send_keepalive(self, sink: FrameSink) -> None:
+        log = self.source.log
+        await self._send(
+            sink,
+            encode_frame(
+                FrameKind.KEEPALIVE, {"cursor": self.cursor, "head": log.head, **self._states()}
+            ),
+        )
+
+    async def _send_gap(self, sink: FrameSink, gap: Gap, reason: str = "evicted") -> None:
+        self._record(
+            "consumer.gap",
+            reason=reason,
+            cursor=gap.cursor,
+            first_available=gap.first_available,
+            bytes_lost=gap.bytes_lost,
+        )
+        await self._send(
+            sink,
+            encode_frame(
+                FrameKind.GAP,
+                {
+                    "cursor": gap.cursor,
+                    "first_available": gap.first_available,
+                    "bytes_lost": gap.bytes_lost,
+                    "reason": reason,
+                },
+            ),
+        )
+        self.cursor = gap.first_available
 
     async def _send_chunks(self, sink: FrameSink, chunks: list[Chunk]) -> None:
         # Frames are coalesced into one send of up to ``_coalesce`` payload bytes: the

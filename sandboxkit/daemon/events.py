@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
@@ -33,6 +35,12 @@ class EventJournal:
     def __init__(self, maxlen: int = 20_000) -> None:
         self._events: deque[Event] = deque(maxlen=maxlen)
         self._next = 0
+        self._waiters: list[asyncio.Future[None]] = []
+
+    @property
+    def next_seq(self) -> int:
+        """The sequence number the next event will get (where a new reader starts)."""
+        return self._next
 
     def record(
         self,
@@ -47,7 +55,25 @@ class EventJournal:
         event = Event(self._next, time.time(), kind, sandbox_id, pid, reason, data)
         self._next += 1
         self._events.append(event)
+        if self._waiters:
+            waiters, self._waiters = self._waiters, []
+            for waiter in waiters:
+                with contextlib.suppress(RuntimeError):  # its loop is closed: nobody waits
+                    waiter.get_loop().call_soon_threadsafe(_wake, waiter)
         return event
+
+    async def wait(self, timeout: float) -> None:
+        """Return when the next event is recorded, or after ``timeout`` seconds (a long
+        poll: a view hears of a lifecycle change at once, not at its next poll)."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), timeout)
+        except TimeoutError:
+            pass
+        finally:
+            with contextlib.suppress(ValueError):
+                self._waiters.remove(waiter)
 
     def since(
         self, seq: int = 0, *, sandbox_id: str | None = None, pid: int | None = None
@@ -63,3 +89,8 @@ class EventJournal:
 
     def __len__(self) -> int:
         return len(self._events)
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

@@ -63,6 +63,11 @@ class Fanout(abc.ABC):
     def attach(self, cursor: int, kick: Kick) -> Feed:
         """A feed for a consumer that asks to start at ``cursor``; ``kick`` ends it."""
 
+    def nudge(self) -> None:
+        """Wake every idle feed (its pull returns empty): its consumer sends a state
+        change now instead of at its next keepalive."""
+        self.log.nudge()
+
     async def close(self) -> None:  # noqa: B027 - optional hook, nothing to stop by default
         """Stop whatever background work the policy runs."""
 

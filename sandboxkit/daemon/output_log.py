@@ -624,6 +624,11 @@ class OutputLog:
                 timer.cancel()
             self._waiters.pop(waiter, None)
 
+    def nudge(self) -> None:
+        """Wake every waiting reader with no new chunk: something else changed that its
+        reader should hear of now (the sandbox paused or resumed)."""
+        self._wake()
+
     def _wake(self) -> None:
         if self._waiters:
             waiters, self._waiters = self._waiters, {}

@@ -260,6 +260,8 @@ class ManagedProcess:
         sandbox_state: Callable[[], str],
         fanout: Callable[[OutputLog], Fanout],
         log_dir: str | os.PathLike[str] | None = None,
+        *,
+        state_seq: Callable[[], int] | None = None,
     ) -> None:
         self.sandbox_id = sandbox_id
         self.spec = spec
@@ -282,6 +284,7 @@ class ManagedProcess:
         self.kill_reason: str | None = None
         self.consumers: dict[str, Consumer] = {}
         self._sandbox_state = sandbox_state
+        self._state_seq = state_seq
         self._transport: asyncio.SubprocessTransport | None = None
         self._pty_master: int | None = None
         self._stdin = StdinLedger(
@@ -630,7 +633,13 @@ class ManagedProcess:
 
     def states(self) -> dict[str, Any]:
         """Process and sandbox state, as keepalive frames carry them."""
-        return {"process_state": self.state, "sandbox_state": self._sandbox_state()}
+        states: dict[str, Any] = {
+            "process_state": self.state,
+            "sandbox_state": self._sandbox_state(),
+        }
+        if self._state_seq is not None:  # the sandbox's transition count: orders views
+            states["state_seq"] = self._state_seq()
+        return states
 
     def _log_degraded(self, reason: str, error: OSError) -> None:
         # Output lost to the disk is visible: an event, and the log's fields in to_json.

@@ -80,6 +80,8 @@ class ManagedSandbox:
         """The fault lab's machinery, for a sandbox created with lab options (else None:
         ``cursor`` fan-out, no ghosts)."""
         self.state: SandboxState = "running"
+        self.state_seq = 0
+        """Counts lifecycle transitions: a view orders what it hears by it."""
         self.created_at = time.time()
         self.killed_at: float | None = None
         self.last_activity = time.monotonic()
@@ -141,6 +143,7 @@ class ManagedSandbox:
             self.journal,
             self._state,
             self._fanout,
+            state_seq=self._state_seq,
             log_dir=self.runtime_dir / f"log-{self._logs}" if self.config.output_on_disk else None,
         )
         await process.start(self.tree, str(self.workdir), self.envs, self.plan, self.limits)
@@ -248,7 +251,9 @@ class ManagedSandbox:
             if self.lab is not None:
                 self.lab.snapshot()
             self.state = "paused"
+            self.state_seq += 1
             self.journal.record("sandbox.paused", sandbox_id=self.sandbox_id, reason=reason)
+            self._announce()
 
     async def resume(self, reason: str = "user") -> None:
         """Thaw every process of the sandbox."""
@@ -259,8 +264,16 @@ class ManagedSandbox:
             if self.lab is not None:
                 await self.lab.restore()
             self.state = "running"
+            self.state_seq += 1
             self.touch()
             self.journal.record("sandbox.resumed", sandbox_id=self.sandbox_id, reason=reason)
+            self._announce()
+
+    def _announce(self) -> None:
+        """Every stream attached to the sandbox hears of its new state now, not at its next
+        keepalive (views follow events, within a second whoever acted)."""
+        for process in self.processes.values():
+            process.fanout.nudge()
 
     async def kill(self, reason: str = "user") -> None:
         """Kill every process (SIGTERM, then SIGKILL), release the tree and the workdir."""
@@ -285,6 +298,7 @@ class ManagedSandbox:
                 with contextlib.suppress(OSError, SandboxkitError):
                     await asyncio.to_thread(remove_directory, directory)
             self.state = "killed"
+            self.state_seq += 1
             self.killed_at = time.time()
             self.journal.record("sandbox.killed", sandbox_id=self.sandbox_id, reason=reason)
 
@@ -297,6 +311,9 @@ class ManagedSandbox:
 
     def _state(self) -> str:
         return self.state
+
+    def _state_seq(self) -> int:
+        return self.state_seq
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready description."""
@@ -320,4 +337,5 @@ class ManagedSandbox:
             "limits": {} if self.limits is None else self.limits.limits.given(),
             "limits_enforced": {} if self.limits is None else self.limits.enforced(),
             "processes": sum(1 for p in self.processes.values() if p.running),
+            "state_seq": self.state_seq,
         }

@@ -47,6 +47,8 @@ __all__ = [
 # -- bounds --------------------------------------------------------------------------------
 
 MAX_INT = 2**63 - 1
+MAX_EVENTS_WAIT = 25.0
+"""The longest long poll of ``GET /events?wait=`` (s): under the client's read timeout."""
 MAX_SECONDS = 10**9
 """About 31 years: any longer timeout is a mistake, and ``asyncio.sleep`` would overflow."""
 MAX_ARG = 128 * 1024 - 1
@@ -135,6 +137,8 @@ class EventsQuery(Struct):
 
     since: Count = 0
     pid: Annotated[int, Meta(ge=-MAX_INT, le=MAX_INT)] | None = None
+    wait: Annotated[float, Meta(ge=0, le=MAX_EVENTS_WAIT)] = 0.0
+    """Seconds to wait for a first matching event when there is none yet (a long poll)."""
 
 
 REQUEST_MODELS: tuple[type[Struct], ...] = (CreateSandbox, SetTimeout, StartProcess, StdinBatch)
@@ -162,6 +166,8 @@ class Health(Struct):
     """The daemon's directory of working directories."""
     root_missing: bool
     """True if the root was removed from outside the daemon: it can create nothing more."""
+    next_event: int
+    """The sequence number of the next event: where a reader of ``/events`` starts."""
 
 
 class SandboxInfo(Struct):
@@ -190,6 +196,9 @@ class SandboxInfo(Struct):
     """The limits asked for (sizes in bytes)."""
     limits_enforced: dict[str, Literal["cgroup", "cgroup-v1", "rlimit", "none"]]
     """How each limit holds on this host (``sandboxkit/daemon/limits.py``)."""
+    state_seq: int
+    """Counts the sandbox's lifecycle transitions (pause, resume, kill); streams carry it in
+    their state frames, so a view can tell a state sent before its action from one after."""
 
 
 class ProcessSpecInfo(Struct):

@@ -6,7 +6,7 @@ sandbox lifecycle.
 seconds, labelled by role (the panel, the notebook's own handle, a ghost from a pause
 snapshot...). Given a :class:`~sandboxkit.notebook.ProcessPanel` instead of a pid it
 follows the panel's process: after a Kill-restart it charts the new pid and marks the
-restart. ``LifecycleTimeline(sbx, *, interval=1.0, max_events=1000)`` polls ``events()``
+restart. ``LifecycleTimeline(sbx, *, interval=0.5, max_events=1000)`` polls ``events()``
 and shows pause spans, consumer attach/detach/kick/gap/ghost events, process
 start/exit/restart and stall intervals.
 
@@ -558,7 +558,7 @@ class LifecycleTimeline(_PolledChart[list[dict[str, Any]]]):
     css_class = "sandboxkit-timeline"
     kind = "timeline"
 
-    def __init__(self, sbx: AnySandbox, *, interval: float = 1.0, max_events: int = 1000) -> None:
+    def __init__(self, sbx: AnySandbox, *, interval: float = 0.5, max_events: int = 1000) -> None:
         self.data = TimelineData(max_events)
         super().__init__(sbx, interval, 170)
 

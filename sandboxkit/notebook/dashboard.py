@@ -1,6 +1,11 @@
 """``SandboxDashboard``: create, pause, resume and kill sandboxes; start commands; see
 every process of the selected sandbox with its state and number of consumers.
 
+It shows this notebook's sandboxes (those this kernel created or connected to, and the
+one it was given) by default; the "all sandboxes" toggle shows every sandbox the daemon
+knows, and killed ones appear only with "killed too". Its buttons act only on a sandbox
+it shows: after a Kill it selects another one it shows, or none.
+
 The logic is plain Python a test drives without a browser: every button calls a named
 handler (:meth:`SandboxDashboard.on_create`, :meth:`~SandboxDashboard.on_pause`,
 :meth:`~SandboxDashboard.on_resume`, :meth:`~SandboxDashboard.on_kill`,
@@ -29,9 +34,11 @@ from typing import Any, TypeVar
 import ipywidgets as widgets  # type: ignore[import-untyped, unused-ignore]
 import pandas as pd
 
+from sandboxkit.client.api import ApiClient
+from sandboxkit.client.event_watch import is_lifecycle, watch_events
 from sandboxkit.client.loop_thread import LoopThread, shared_loop_thread
 from sandboxkit.client.results import ProcessInfo, SandboxInfo
-from sandboxkit.client.sandbox import AsyncSandbox
+from sandboxkit.client.sandbox import AsyncSandbox, _connection, sandboxes_of_this_process
 from sandboxkit.client.sync import Sandbox
 from sandboxkit.errors import InvalidArgument, SandboxkitError, SandboxNotFound
 from sandboxkit.notebook._runtime import Runtime
@@ -48,6 +55,12 @@ PROCESS_COLUMNS = ["pid", "command", "state", "consumers", "exit_code"]
 SANDBOX_COLUMNS = ["sandbox_id", "state", "processes", "fanout", "selected"]
 """Columns of :meth:`SandboxDashboard.sandboxes_frame` (the sandbox table)."""
 
+SHOW_ALL = "all sandboxes"
+"""The label of the toggle that shows every sandbox, not only this notebook's."""
+
+SHOW_KILLED = "killed too"
+"""The label of the toggle that shows killed sandboxes as well."""
+
 
 @dataclass
 class DashboardState:
@@ -57,9 +70,15 @@ class DashboardState:
     """
 
     selected: str | None = None
-    """The sandbox the buttons act on."""
+    """The sandbox the buttons act on (always one of :meth:`shown`, or ``None``)."""
     sandboxes: list[SandboxInfo] = field(default_factory=list)
     """Every sandbox the daemon knows (killed ones too, until the daemon forgets them)."""
+    mine: frozenset[str] = frozenset()
+    """This notebook's sandboxes: created or connected to in this kernel."""
+    show_all: bool = False
+    """Show every sandbox, not only this notebook's."""
+    show_killed: bool = False
+    """Show killed sandboxes too."""
     processes: list[ProcessInfo] = field(default_factory=list)
     """The processes of the selected sandbox."""
     message: str = ""
@@ -73,11 +92,33 @@ class DashboardState:
         """The selected sandbox as last read from the daemon."""
         return next((s for s in self.sandboxes if s.sandbox_id == self.selected), None)
 
+    def visible(self, info: SandboxInfo) -> bool:
+        """Whether the toggles show ``info`` (the selected one is always shown: the
+        title says what became of it, killed included)."""
+        if info.sandbox_id == self.selected:
+            return True
+        if info.state == "killed" and not self.show_killed:
+            return False
+        return self.show_all or info.sandbox_id in self.mine
+
+    def shown(self) -> list[SandboxInfo]:
+        """The sandboxes the table and the selector show, in the daemon's order."""
+        return [s for s in self.sandboxes if self.visible(s)]
+
+    def next_choice(self, leaving: str) -> str | None:
+        """The sandbox to select once ``leaving`` is gone: a live one shown, or none —
+        never one the dashboard does not show."""
+        return next(
+            (s.sandbox_id for s in self.shown() if s.sandbox_id != leaving and s.state != "killed"),
+            None,
+        )
+
 
 _Tables = tuple[list[SandboxInfo], list[ProcessInfo]]
 
 
 _COMMAND_WIDTH = 90
+_FLUSH_HZ = 10.0
 
 TABLE_STYLE = (
     "<style>"
@@ -172,6 +213,14 @@ class SandboxDashboard:
             if refresh_interval
             else None
         )
+        # Inside a kernel: the daemon's events say when to re-read (a pause, resume or
+        # kill from anywhere shows within a flush), and a fast ticker renders what
+        # changed (a flush with nothing new costs a comparison).
+        self._flusher = self._runtime.ticker(self.flush, _FLUSH_HZ)
+        if self._runtime.live and self._provider is None:
+            self._runtime.start_background(
+                self._follow_events(), name="sandboxkit-dashboard-events"
+            )
 
     # -- widgets -----------------------------------------------------------------------
 
@@ -185,6 +234,14 @@ class SandboxDashboard:
         self.resume_button = widgets.Button(description="Resume", icon="play")
         self.kill_button = widgets.Button(description="Kill", icon="trash", button_style="danger")
         self.refresh_button = widgets.Button(description="Refresh", icon="refresh")
+        self.show_all_toggle = widgets.Checkbox(
+            value=False, description=SHOW_ALL, indent=False, layout=layout
+        )
+        self.show_killed_toggle = widgets.Checkbox(
+            value=False, description=SHOW_KILLED, indent=False, layout=layout
+        )
+        self.show_all_toggle.observe(self._on_toggle_change, names="value")
+        self.show_killed_toggle.observe(self._on_toggle_change, names="value")
         self.command = widgets.Text(
             placeholder="command, e.g. python -u -c \"print('hi')\"",
             layout=widgets.Layout(width="60%"),
@@ -216,6 +273,8 @@ class SandboxDashboard:
                         self.refresh_button,
                     ]
                 ),
+                # A row of their own: beside the buttons they squeezed "Resume" to "Resu…".
+                widgets.HBox([self.show_all_toggle, self.show_killed_toggle]),
                 self.sandbox_table,
                 widgets.HBox([self.command, self.start_button]),
                 self.table,
@@ -266,6 +325,14 @@ class SandboxDashboard:
         with self._lock:
             self.state.selected = sandbox_id
             self.state.version += 1
+
+    def _on_toggle_change(self, change: dict[str, Any]) -> None:
+        if self._rendering:
+            return
+        if change["owner"] is self.show_all_toggle:
+            self.on_show_all(change["new"])
+        else:
+            self.on_show_killed(change["new"])
 
     def _on_select_change(self, change: dict[str, Any]) -> None:
         if self._rendering or change["new"] == self.state.selected:
@@ -320,8 +387,12 @@ class SandboxDashboard:
             with self._lock:
                 self._clients.pop(sbx.sandbox_id, None)
                 self._owned.discard(sbx.sandbox_id)
-            alive = [s.sandbox_id for s in await self._list() if s.state != "killed"]
-            await self._connect(alive[0] if alive else None)
+            sandboxes = await self._list()
+            with self._lock:
+                self.state.sandboxes = sandboxes
+                self.state.mine = self._mine()
+                choice = self.state.next_choice(sbx.sandbox_id)
+            await self._connect(choice)
             return sbx.sandbox_id
 
         return self._dispatch(step(), "killed {}".format)
@@ -345,6 +416,31 @@ class SandboxDashboard:
             return f"started pid {info.pid}"
 
         return self._dispatch(step(), started)
+
+    def on_show_all(self, show: bool = True) -> None:
+        """Show every sandbox the daemon knows (``False``: only this notebook's). A
+        selected sandbox the toggle hides is deselected: the buttons never act on a
+        sandbox the dashboard does not show."""
+        self._toggle(show_all=bool(show))
+
+    def on_show_killed(self, show: bool = True) -> None:
+        """Show killed sandboxes too (``False``: live ones only)."""
+        self._toggle(show_killed=bool(show))
+
+    def _toggle(self, **changes: bool) -> None:
+        with self._lock:
+            for key, value in changes.items():
+                setattr(self.state, key, value)
+            selected = self.state.selected
+            info = self.state.selected_info
+            self.state.selected = None  # is it still shown without being selected?
+            if selected is not None and (info is None or self.state.visible(info)):
+                self.state.selected = selected
+            self.state.version += 1
+        self.flush()
+
+    def _mine(self) -> frozenset[str]:
+        return sandboxes_of_this_process() | frozenset(self._clients)
 
     def refresh(self) -> Any:
         """Re-read the sandboxes and the selected sandbox's processes, then render."""
@@ -417,10 +513,33 @@ class SandboxDashboard:
     def _apply(self, sandboxes: list[SandboxInfo], processes: list[ProcessInfo]) -> None:
         with self._lock:
             state = self.state
-            if (sandboxes, processes) != (state.sandboxes, state.processes):
+            mine = self._mine()
+            if (sandboxes, processes, mine) != (state.sandboxes, state.processes, state.mine):
                 state.sandboxes = sandboxes
                 state.processes = processes
+                state.mine = mine
                 state.version += 1
+
+    async def _follow_events(self) -> None:
+        """On the sandbox loop, for the dashboard's life: re-read the tables whenever the
+        daemon records a lifecycle event (from anyone)."""
+        conn = await _connection(self._url, self._token)
+        api = ApiClient(conn.url, conn.token)
+
+        async def on_events(events: list[dict[str, Any]]) -> None:
+            if self._closed or not any(is_lifecycle(e) for e in events):
+                return
+            with contextlib.suppress(SandboxkitError):
+                self._apply(*await self._fetch())
+            kernel = self._runtime.kernel_loop
+            if kernel is not None and not self._closed:  # render now, on the kernel's thread
+                with contextlib.suppress(RuntimeError):  # that loop is closed
+                    kernel.call_soon_threadsafe(self.flush)
+
+        try:
+            await watch_events(api, on_events)
+        finally:
+            await api.aclose()
 
     async def _auto_refresh(self) -> None:
         """The ticker's callback on the kernel's loop: fetch off-loop, then render."""
@@ -455,9 +574,11 @@ class SandboxDashboard:
         return frame
 
     def sandboxes_frame(self) -> pd.DataFrame:
-        """Every sandbox the daemon knows (columns :data:`SANDBOX_COLUMNS`)."""
+        """The sandboxes shown (columns :data:`SANDBOX_COLUMNS`): this notebook's, or
+        every one the daemon knows with :meth:`on_show_all`; killed ones only with
+        :meth:`on_show_killed` (and the selected one, whatever became of it)."""
         with self._lock:
-            sandboxes = list(self.state.sandboxes)
+            sandboxes = self.state.shown()
             selected = self.state.selected
         rows = [
             {
@@ -477,6 +598,8 @@ class SandboxDashboard:
     def flush(self) -> bool:
         """Render the state into the widgets if it changed since the last flush; True if
         it rendered. Call on the thread that owns the widgets."""
+        if self._closed:
+            return False
         with self._lock:
             version = self.state.version
             if version == self._rendered:
@@ -485,15 +608,17 @@ class SandboxDashboard:
             selected = self.state.selected
             info = self.state.selected_info
             message, error = self.state.message, self.state.error
-            alive = [s.sandbox_id for s in self.state.sandboxes if s.state != "killed"]
+            options = [s.sandbox_id for s in self.state.shown() if s.state != "killed"]
+            show_all, show_killed = self.state.show_all, self.state.show_killed
         processes = self.processes_frame()
         sandboxes = self.sandboxes_frame()
 
-        options = list(alive)
         if selected is not None and selected not in options:
             options.append(selected)
         self._rendering = True
         try:
+            self.show_all_toggle.value = show_all
+            self.show_killed_toggle.value = show_killed
             if list(self.selector.options) != options:
                 self.selector.options = options
             self.selector.value = selected if selected in options else None
@@ -521,6 +646,8 @@ class SandboxDashboard:
             TABLE_STYLE
             + sandboxes.to_html(index=False, escape=True, border=0, classes="sandboxkit-table")
             if len(sandboxes)
+            else "<i>no sandboxes of this notebook (tick “all sandboxes” to see the others)</i>"
+            if not show_all
             else "<i>no sandboxes</i>"
         )
         self.table.value = (

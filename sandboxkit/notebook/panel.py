@@ -8,7 +8,8 @@ What goes to the browser (the front end is ``panel.js``, xterm.js inside an anyw
 new bytes, as binary buffers of anywidget custom messages, at most ``flush_hz`` messages a
 second *including* the status line, which rides along only when something a person reads
 changed (:class:`DeltaPump`). Beyond ``rate_cap`` bytes a second the newest output is
-shown after a marker ``… N bytes skipped (cursor a–b)``: the kernel keeps at most one
+shown after a marker ``… N bytes skipped (cursor a–b)`` (bytes, and the chunks a to b-1
+in the status line's cursor unit): the kernel keeps at most one
 flush's worth pending, so it never builds a backlog. A (re)rendered view asks for a
 snapshot (the kernel's byte tail, bounded by ``tail_bytes``) and then applies deltas. The
 browser keeps ``scrollback`` lines. Every buffer here is bounded in bytes.
@@ -193,10 +194,16 @@ class PanelState:
         self._tail = bytearray()
         self._tail_cut = False
         self._pending = bytearray()
-        self._pending_at = 0  # stream position of the first pending byte
+        # Display bytes are counted from the start (``_shown``); the first pending one
+        # is at ``_pending_at``. ``_marks`` maps pending output to the stream's cursors:
+        # (display offset where a chunk ends, the cursor after it), so a skip marker can
+        # say which chunks it skipped in the status line's unit.
+        self._shown = 0
+        self._pending_at = 0
+        self._marks: deque[tuple[int, int]] = deque()
+        self._pending_cursor: int | None = None  # the cursor of the first pending chunk
         self._skipped = 0
-        self._skip_range: tuple[int, int] | None = None
-        self._pos = 0
+        self._skip_from: int | None = None  # the cursor of the first skipped chunk
         self.line_count = 0
         self.bytes_received = 0
         self.chunks = 0
@@ -225,9 +232,9 @@ class PanelState:
         """Forget everything: a new process (after a restart) starts from scratch. Bytes
         not yet sent stay pending (the browser still shows the old process's output)."""
         with self._lock:
-            pending, at = self._pending, self._pending_at
+            kept = (self._pending, self._pending_at, self._shown, self._marks)
             self._reset(pid)
-            self._pending, self._pending_at = pending, at
+            self._pending, self._pending_at, self._shown, self._marks = kept
             self.generation += 1
             self._bump()
 
@@ -237,29 +244,53 @@ class PanelState:
             self.epoch += 1
             return self.epoch
 
-    def _append(self, data: bytes, start: int) -> None:
-        """Add display bytes to the tail and to the pending bytes (both bounded)."""
+    def _append(self, data: bytes, cursors: tuple[int, int] | None = None) -> None:
+        """Add display bytes to the tail and to the pending bytes (both bounded);
+        ``cursors``: the stream's cursor before and after them, if they are output."""
         self._tail += data
         excess = len(self._tail) - self.tail_bytes
         if excess > 0:
             del self._tail[:excess]
             self._tail_cut = True
         if not self._pending:
-            self._pending_at = start
+            self._pending_at = self._shown
+            self._marks.clear()
+            self._pending_cursor = None
+        self._shown += len(data)
+        if cursors is not None:
+            if self._pending_cursor is None:
+                self._pending_cursor = cursors[0]
+            self._marks.append((self._shown, cursors[1]))
         self._pending += data
         excess = len(self._pending) - self.max_pending
         if excess > 0:
-            skip_from = self._pending_at if self._skip_range is None else self._skip_range[0]
+            if not self._skipped:
+                self._skip_from = self._pending_cursor
             del self._pending[:excess]
             self._skipped += excess
             self._pending_at += excess
-            self._skip_range = (skip_from, self._pending_at)
+            self._forget_marks(self._pending_at)
+
+    def _forget_marks(self, upto: int) -> None:
+        """Drop the marks of chunks wholly before display offset ``upto``."""
+        marks = self._marks
+        while marks and marks[0][0] <= upto:
+            self._pending_cursor = marks.popleft()[1]
+
+    def _cursor_after(self, offset: int) -> int | None:
+        """The cursor after the chunk that holds display offset ``offset - 1``: the first
+        chunk not cut at all when ``offset`` is where bytes were cut."""
+        for end, cursor in self._marks:
+            if end >= offset:
+                return cursor
+        return self._marks[-1][1] if self._marks else self._pending_cursor
 
     def feed(self, stream: str, text: str, cursor: int | None = None) -> None:
         """Add decoded output of ``stream``; ``cursor`` is the stream's cursor after it."""
         stream = "stderr" if stream == "stderr" else "stdout"
         now = self.clock()
         with self._lock:
+            before = self.cursor
             if cursor is not None:
                 self._set_cursor(cursor)
             if not text:
@@ -267,8 +298,6 @@ class PanelState:
                 return
             data = text.encode("utf-8", "surrogateescape")
             size = len(data)
-            end = cursor if cursor is not None and cursor >= self._pos + size else self._pos + size
-            start, self._pos = end - size, end
             self.bytes_received += size
             self.chunks += 1
             self.line_count += data.count(b"\n")
@@ -277,7 +306,12 @@ class PanelState:
             self._trim_recent(now)
             if stream == "stderr":
                 data = _STDERR_ON + data + _SGR_OFF
-            self._append(data, start)
+            cursors = None
+            if cursor is not None:
+                # Unknown before the first chunk of a stream attached without a cursor.
+                start = before if before is not None and before <= cursor else max(0, cursor - 1)
+                cursors = (start, cursor)
+            self._append(data, cursors)
             self._bump()
 
     def feed_stdout(self, text: str, cursor: int | None = None) -> None:
@@ -296,7 +330,7 @@ class PanelState:
             # Each line it makes starts with _NOTE_ON (the first ends a partial line, or
             # is empty), so `lines` can leave them out.
             line = _NOTE_ON + text.encode() + _SGR_OFF + b"\r\n"
-            self._append(_NOTE_ON + b"\r\n" + line, self._pos)
+            self._append(_NOTE_ON + b"\r\n" + line)
             self._bump()
 
     def set_attached(self, attached: bool, cursor: int | None = None) -> None:
@@ -307,7 +341,6 @@ class PanelState:
                 self.attached_at = self.clock()
             if cursor is not None:
                 self._set_cursor(cursor)
-                self._pos = max(self._pos, cursor)
             self._bump()
 
     def update_process(
@@ -360,15 +393,19 @@ class PanelState:
         with self._lock:
             data, self._pending = bytes(self._pending), bytearray()
             skipped, self._skipped = self._skipped, 0
-            skip_range, self._skip_range = self._skip_range, None
             if not skipped:
+                self._marks.clear()
                 return data
             kept = _from_line_start(data)
             cut = len(data) - len(kept)
             skipped += cut
-            a, b = skip_range if skip_range is not None else (self._pos, self._pos)
+            # Cursors as the status line counts them (chunks): a is the first chunk not
+            # shown (wholly or in part), b the first shown whole after the marker.
+            a, b = self._skip_from, self._cursor_after(self._pending_at + cut)
+            self._marks.clear()
             self.skipped_total += skipped
-            marker = f"\r\n\x1b[33m… {skipped} bytes skipped (cursor {a}–{b + cut})\x1b[0m\r\n"
+            where = "" if a is None or b is None else f" (cursor {a}–{b})"
+            marker = f"\r\n\x1b[33m… {skipped} bytes skipped{where}\x1b[0m\r\n"
             return marker.encode() + kept
 
     def tail(self) -> bytes:
@@ -530,7 +567,7 @@ class _Follower:
         self.handle: AsyncCommandHandle | None = None
         self.active = True
         self.retiring = False  # being disconnected on purpose: its end is no error
-        self.seen: tuple[str | None, str | None] = (None, None)
+        self.seen: tuple[str | None, str | None, int | None] = (None, None, None)
 
     def _cursor(self) -> int | None:
         return None if self.handle is None else self.handle.cursor
@@ -551,16 +588,23 @@ class _Follower:
                 self.state.note(f"… output may be missing here, amount unknown: {gap.reason}")
             return
         if self.active:
+            why = (
+                "evicted by the daemon before the panel read them"
+                if gap.reason == "evicted"
+                else gap.why
+            )
             self.state.note(
-                f"… {gap.bytes_lost} bytes lost: evicted by the daemon before the panel "
-                f"read them (cursor {gap.cursor}–{gap.first_available})"
+                f"… {gap.bytes_lost} bytes lost: {why} (cursor {gap.cursor}–{gap.first_available})"
             )
 
-    def stream_states(self) -> tuple[str | None, str | None]:
+    def stream_states(self) -> tuple[str | None, str | None, int | None]:
+        """Process state, sandbox state and the sandbox's transition count, as the stream
+        last heard them (the count is ``None`` from a provider that has none)."""
         if self.handle is None:
-            return (None, None)
+            return (None, None, None)
         stream = self.handle.stream
-        return (stream.process_state, stream.sandbox_state)
+        seq = getattr(stream, "state_seq", None)
+        return (stream.process_state, stream.sandbox_state, seq)
 
 
 class ProcessPanel(WidgetBase):
@@ -606,6 +650,8 @@ class ProcessPanel(WidgetBase):
         self.bytes_sent = 0
         """Output bytes sent to the front end (deltas and snapshots)."""
         self._follower: _Follower | None = None
+        self._acted_seq: int | None = None
+        """The sandbox's transition count after this panel's last pause or resume."""
         self._action_lock = asyncio.Lock()  # used on the sandbox loop only
         self._build_widgets(rows, scrollback)
         self.state.update_process(sandbox_state=self._sbx.info.state)
@@ -665,6 +711,7 @@ class ProcessPanel(WidgetBase):
         times a second at most); with no running loop, call it yourself."""
         if self._closed:
             return False
+        self._follow_states()
         label = "Resume" if self.state.sandbox_state == "paused" else "Pause"
         if self.pause_button.description != label:
             self.pause_button.description = label
@@ -673,6 +720,26 @@ class ProcessPanel(WidgetBase):
             return False
         self._send(message)
         return True
+
+    def _follow_states(self, epoch: int | None = None) -> None:
+        """Take the states the stream last heard from the daemon, if they are news. The
+        daemon sends a state frame the moment the sandbox pauses, resumes or is killed,
+        whoever did it (this panel, the dashboard, code, the CLI), so reading them at each
+        flush shows the change within a flush period, output flowing or not. Only news,
+        and never news older than this panel's own last action (the sandbox's transition
+        count orders them): a frame the daemon sent before the action does not undo it,
+        and one sent after always wins."""
+        follower = self._follower
+        if follower is None or follower.handle is None or not follower.active:
+            return
+        seen = follower.stream_states()
+        if seen == follower.seen or seen[0] is None:
+            return
+        acted = self._acted_seq
+        if seen[2] is not None and acted is not None and seen[2] < acted:
+            return  # said before this panel's action took effect
+        follower.seen = seen
+        self.state.update_process(state=seen[0], sandbox_state=seen[1], epoch=epoch)
 
     # -- public attributes -------------------------------------------------------------
 
@@ -767,10 +834,8 @@ class ProcessPanel(WidgetBase):
         follower = _Follower(self.state)
         handle = await self._connect(self.state.pid, cursor, follower)
         follower.handle = handle
-        follower.seen = follower.stream_states()
-        if follower.seen[0] is not None:  # known already: show it now, not at the next poll
-            self.state.update_process(state=follower.seen[0], sandbox_state=follower.seen[1])
         self._follower = follower
+        self._follow_states()  # known already: show it now, not at the next flush
         self.state.set_attached(True, cursor)
         self._rt.spawn_background(
             self._watch(follower), name=f"sandboxkit-panel-watch-{handle.pid}"
@@ -829,6 +894,7 @@ class ProcessPanel(WidgetBase):
             shown = "paused"
         current = self.state.process_state
         alive = current in (None, "running", "paused")
+        self._acted_seq = self._sbx.info.raw.get("state_seq")
         self.state.update_process(
             sandbox_state=self._sbx.info.state, state=shown if alive else None
         )
@@ -862,10 +928,7 @@ class ProcessPanel(WidgetBase):
         pid = self.state.pid
         follower = self._follower
         if follower is not None and follower.handle is not None and follower.active:
-            seen = follower.stream_states()
-            if seen != follower.seen:  # only news: never undo a state set by an action
-                follower.seen = seen
-                self.state.update_process(state=seen[0], sandbox_state=seen[1], epoch=epoch)
+            self._follow_states(epoch)
             self.state.update_process(cursor=follower.handle.cursor, epoch=epoch, pid=pid)
         frame = await self._sbx.consumers()
         rows = frame[frame["pid"] == pid] if len(frame) else frame

@@ -75,7 +75,7 @@ from sandboxkit.client.commands import AsyncCommands, FollowOptions
 from sandboxkit.client.files import AsyncFiles, EntryInfo, WriteInfo
 from sandboxkit.client.local import Connection
 from sandboxkit.client.results import CommandResult, ProcessInfo, SandboxInfo
-from sandboxkit.client.sandbox import AsyncSandbox, consumers_frame, events_frame
+from sandboxkit.client.sandbox import AsyncSandbox, consumers_frame, events_frame, note_sandbox
 from sandboxkit.client.stdin import StdinSession
 from sandboxkit.client.stream import GapInfo, OnGap, ProcessStream
 from sandboxkit.client.tasks import TaskOwner
@@ -1023,6 +1023,7 @@ class E2BSandbox(AsyncSandbox):
         self._owner = TaskOwner(sandbox_id)
         self._keep_bytes = keep_bytes
         self.sandbox_id = sandbox_id
+        note_sandbox(sandbox_id)
         self.debug = target.debug
         self.info = SandboxInfo(
             sandbox_id=sandbox_id,
@@ -1253,8 +1254,11 @@ class E2BSandbox(AsyncSandbox):
         frame.attrs["scope"] = "client"
         return frame
 
-    async def raw_events(self, since: int = 0) -> builtins.list[dict[str, Any]]:
-        """This client's journal (each event's ``data`` says ``"source": "client"``)."""
+    async def raw_events(
+        self, since: int = 0, *, wait: float | None = None
+    ) -> builtins.list[dict[str, Any]]:
+        """This client's journal (each event's ``data`` says ``"source": "client"``);
+        ``wait`` is not supported (E2B has no journal to wait on): answered at once."""
         return self._journal.since(since)
 
     async def events(self, since: int = 0) -> pd.DataFrame:

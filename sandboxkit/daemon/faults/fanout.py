@@ -25,6 +25,7 @@ from sandboxkit.daemon.output_log import Chunk, OutputLog
 __all__ = ["BlockingFanout", "KickFanout"]
 
 _END = object()
+_NUDGE = object()  # wakes an idle feed: its pull returns empty (a state change to send)
 
 
 class _QueueFeed(Feed):
@@ -70,6 +71,11 @@ class _SharedLoopFanout(Fanout):
         feed = _QueueFeed(self, self._cursor, kick, self.queue_size)
         self._feeds.append(feed)
         return feed
+
+    def nudge(self) -> None:
+        for feed in list(self._feeds):
+            with contextlib.suppress(asyncio.QueueFull):  # full: its consumer is busy anyway
+                feed.queue.put_nowait(_NUDGE)
 
     def detach(self, feed: _QueueFeed) -> None:
         with contextlib.suppress(ValueError):

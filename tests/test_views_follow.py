@@ -1,0 +1,233 @@
+"""Views follow events (issue 20): a lifecycle change reaches an attached stream at once,
+whoever caused it — even while output flows (no keepalive is due then) and long before
+the next keepalive; and every loss is marked where the reader looks — a reader without
+a cursor that starts after evicted output, and a cursor a lab policy could not honour,
+both get a gap of the exact size."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from conftest import fast_config, wait_until
+from support import poll
+
+from sandboxkit import AsyncSandbox, Sandbox
+from sandboxkit.client.stream import GapInfo
+from sandboxkit.daemon.config import DaemonConfig
+from sandboxkit.errors import OutputGapWarning
+from sandboxkit.lab_options import LabCursorIgnored, LabOptions
+from sandboxkit.notebook import ProcessPanel
+from sandboxkit.notebook.dashboard import SandboxDashboard
+
+# Numbered lines, a few hundred a second, until killed: output always flows.
+COUNTER = [
+    sys.executable,
+    "-u",
+    "-c",
+    "import time\nfor i in range(10**7):\n    print(i, flush=True)\n    "
+    "time.sleep(0.002)\n",  # sleep-ok: the child process's pace
+]
+# Prints one line, then waits to be killed: the stream stays open and idle.
+TALKER = "import time; print('hello', flush=True); time.sleep(60)  # sleep-ok: stays alive"
+
+KEEPALIVE = 5.0
+"""Far longer than the 1 s a view may take: news must not wait for the keepalive."""
+
+
+@pytest.fixture
+def daemon_config() -> DaemonConfig:
+    return fast_config(keepalive_interval=KEEPALIVE, retention_bytes=64 * 1024)
+
+
+async def _states_within(handle: Any, sandbox_state: str, process_state: str) -> float:
+    started = time.monotonic()
+    stream = handle.stream
+    await poll(
+        lambda: (stream.sandbox_state, stream.process_state) == (sandbox_state, process_state),
+        1.0,
+        f"sandbox {sandbox_state} / process {process_state} on the stream within 1 s",
+    )
+    return time.monotonic() - started
+
+
+async def test_pause_and_resume_by_someone_else_reach_a_flowing_stream_within_1s(
+    conn: dict[str, Any],
+) -> None:
+    async with await AsyncSandbox.create(**conn) as sbx:
+        counter = await sbx.commands.run(COUNTER, background=True)
+        handle = await sbx.commands.connect(counter.pid, lines=False, on_stdout=lambda _t: None)
+        await poll(lambda: handle.stream.stats.bytes > 100, 10, "output on the stream")
+        # Another client (the dashboard, the CLI, a second notebook) acts on the sandbox.
+        other = await AsyncSandbox.connect(sbx.sandbox_id, **conn)
+        try:
+            for _ in range(2):
+                await other.pause()
+                await _states_within(handle, "paused", "paused")
+                await other.resume()
+                # Output flows again at once: no keepalive would be sent for seconds.
+                await _states_within(handle, "running", "running")
+        finally:
+            await other.close()
+        await handle.disconnect()
+        await counter.kill()
+
+
+async def test_a_pause_reaches_an_idle_stream_before_its_keepalive(
+    conn: dict[str, Any],
+) -> None:
+    async with await AsyncSandbox.create(**conn) as sbx:
+        talker = await sbx.commands.run([sys.executable, "-c", TALKER], background=True)
+        handle = await sbx.commands.connect(talker.pid, lines=False, on_stdout=lambda _t: None)
+        await poll(lambda: handle.stream.process_state == "running", 10, "the start frame")
+        await sbx.pause()
+        await _states_within(handle, "paused", "paused")
+        await sbx.resume()
+        await _states_within(handle, "running", "running")
+        await handle.disconnect()
+        await talker.kill()
+
+
+async def test_a_reader_without_a_cursor_after_eviction_gets_a_gap(
+    conn: dict[str, Any],
+) -> None:
+    """``connect(pid)`` with no cursor on a process whose early output was evicted: the
+    reader is told how much it will never see, exactly, not handed the rest as if whole."""
+    async with await AsyncSandbox.create(**conn) as sbx:
+        writer = "import sys\nfor i in range(4000): print(f'line {i:06d}' + 'x' * 80)\n"
+        run = await sbx.commands.run([sys.executable, "-c", writer])
+        info = await sbx.commands.get(run.pid)
+        assert info.raw["evicted_bytes"] > 0  # the start is gone
+        gaps: list[GapInfo] = []
+        handle = await sbx.commands.connect(run.pid, on_gap=gaps.append)
+        result = await handle.wait()
+        assert [g.cursor for g in gaps] == [0]
+        assert gaps[0].bytes_lost == info.raw["evicted_bytes"]
+        assert gaps[0].first_available == info.raw["first_seq"]
+        assert gaps[0].bytes_lost + len(result.stdout.encode()) == info.raw["total_bytes"]
+        # The SDK's default: a warning and a marker in stdout, never a silent loss.
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            again = await (await sbx.commands.connect(run.pid)).wait()
+        assert [w for w in caught if issubclass(w.category, OutputGapWarning)]
+        assert f"[sandboxkit: {gaps[0].bytes_lost} bytes of output lost here]" in again.stdout
+
+
+@pytest.mark.parametrize("policy", ["blocking", "kick"])
+async def test_a_cursor_a_lab_policy_ignores_is_a_gap_of_the_exact_size(
+    conn: dict[str, Any], policy: str
+) -> None:
+    lab = LabOptions(fanout="blocking" if policy == "blocking" else "kick")
+    async with await AsyncSandbox.create(lab=lab, **conn) as sbx:
+        talker = await sbx.commands.run([sys.executable, "-c", TALKER], background=True)
+        await poll(lambda: _head(sbx, talker.pid), 10, "the talker's line")
+        gaps: list[GapInfo] = []
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            handle = await sbx.commands.connect(talker.pid, cursor=0, on_gap=gaps.append)
+            await poll(lambda: gaps, 10, "the gap")
+            await handle.disconnect()
+        info = await sbx.commands.get(talker.pid)
+        assert gaps == [GapInfo(0, info.head, info.raw["total_bytes"], "not_replayed")]
+        assert gaps[0].bytes_lost == len(b"hello\n")
+        assert not [w for w in caught if issubclass(w.category, LabCursorIgnored)]
+        await talker.kill()
+
+
+async def _head(sbx: AsyncSandbox, pid: int) -> bool:
+    """The whole line is in the log (print may write it in two pieces)."""
+    return bool((await sbx.commands.get(pid)).raw["total_bytes"] == len(b"hello\n"))
+
+
+# -- the panel ---------------------------------------------------------------------------
+
+
+def _panel_shows(panel: ProcessPanel, state: str) -> Callable[[], bool]:
+    def shows() -> bool:
+        panel.flush()  # no kernel loop here: the test flushes, as the ticker would
+        snap = panel.state.snapshot()
+        label = "Resume" if state == "paused" else "Pause"
+        return snap.shown_state == state and panel.pause_button.description == label
+
+    return shows
+
+
+def test_the_panel_follows_pause_and_resume_by_others_within_1s(conn: dict[str, Any]) -> None:
+    """The dashboard, code or the CLI pauses and resumes the sandbox: the panel's status
+    and its Pause/Resume button follow within 1 s, output flowing (issue 20: it said
+    "paused" for 10 s+ after a resume while output scrolled)."""
+    with Sandbox.create(**conn) as sbx:
+        pid = sbx.commands.run(COUNTER, background=True).pid
+        panel = ProcessPanel(sbx, pid)
+        other = Sandbox.connect(sbx.sandbox_id, **conn)
+        try:
+            wait_until(lambda: panel.line_count >= 10, timeout=10, what="output")
+            for _ in range(2):
+                other.pause()
+                wait_until(_panel_shows(panel, "paused"), timeout=1.0, what="paused in 1 s")
+                other.resume()
+                wait_until(_panel_shows(panel, "running"), timeout=1.0, what="running in 1 s")
+            # The panel's own button, then someone else undoing it.
+            panel.on_pause_resume()
+            assert _panel_shows(panel, "paused")()
+            other.resume()
+            wait_until(_panel_shows(panel, "running"), timeout=1.0, what="running in 1 s")
+            count = panel.line_count
+            wait_until(lambda: panel.line_count > count + 10, timeout=10, what="output again")
+            assert _panel_shows(panel, "running")()
+        finally:
+            other.close()
+            panel.close()
+
+
+# -- the event journal as a subscription, and the dashboard --------------------------------
+
+
+async def test_a_long_poll_of_events_answers_when_the_next_event_is_recorded(
+    conn: dict[str, Any],
+) -> None:
+    async with await AsyncSandbox.create(**conn) as sbx:
+        next_event = (await sbx._api.call("GET", "/health"))["next_event"]
+        assert [e["seq"] for e in await sbx.raw_events()][-1] == next_event - 1
+        waiting = asyncio.ensure_future(sbx.raw_events(next_event, wait=20))
+        other = await AsyncSandbox.connect(sbx.sandbox_id, **conn)
+        try:
+            await other.pause()
+            events = await asyncio.wait_for(waiting, 1.0)
+        finally:
+            await other.close()
+        assert events and events[0]["seq"] == next_event
+        assert "sandbox.paused" in [e["kind"] for e in events]
+        # Nothing new: the poll waits its time, then answers with nothing.
+        started = time.monotonic()
+        assert await sbx.raw_events(events[-1]["seq"] + 1, wait=0.3) == []
+        assert time.monotonic() - started >= 0.3
+
+
+async def test_the_dashboard_follows_pause_resume_and_kill_by_others_within_1s(
+    conn: dict[str, Any],
+) -> None:
+    """In a kernel (a running loop) the dashboard re-reads the daemon when its event
+    journal says a sandbox changed, whoever changed it: not at its next 2 s refresh."""
+    dash = SandboxDashboard(**conn)  # the default refresh_interval: 2 s
+    try:
+        sbx = await dash.on_create()
+        other = await AsyncSandbox.connect(sbx.sandbox_id, **conn)
+
+        async def title_says(state: str) -> None:
+            await poll(lambda: f"<b>{state}</b>" in dash.title.value, 1.0, f"{state} in 1 s")
+
+        await title_says("running")
+        await other.pause()
+        await title_says("paused")
+        await other.resume()
+        await title_says("running")
+        await other.kill()
+        await title_says("killed")
+    finally:
+        await dash.aclose()
