@@ -358,3 +358,189 @@ def test_an_emoji_takes_two_cells_and_overlaps_nothing(page: Page) -> None:
     assert cells["check"] == 4 and cells["C"] == 6, cells
     # The emoji's glyph ends before the next character starts.
     assert seen["smile"][0] + seen["smile"][1] <= seen["B"][0] + 1, seen
+
+
+# -- tables in JupyterLab ------------------------------------------------------------------
+
+_STALL_NOTEBOOK = "stall_tables.ipynb"
+
+NOTEBOOK_03 = Path(__file__).resolve().parents[1] / "notebooks" / "03_stall_statistics.ipynb"
+
+# A per-cycle frame like notebook 03's run makes: blocking always stalls, kick from its
+# 4th cycle on, cursor never.
+_CYCLES = """\
+import math
+import pandas as pd
+from sandboxkit.lab.experiment import CYCLE_COLUMNS
+
+rows = []
+for policy in ("blocking", "kick", "cursor"):
+    for cycle in range(6):
+        stalled = policy == "blocking" or (policy == "kick" and cycle >= 3)
+        t_reattach = 0.012 + 0.001 * cycle
+        done = math.nan if stalled else t_reattach + 0.004 + 0.0005 * cycle
+        kicked = policy == "kick" and not stalled
+        rows.append({
+            "policy": policy, "ghost": "pause-snapshot", "cycle": cycle,
+            "responses_expected": 3, "responses_complete": 0 if stalled else 3,
+            "bytes_received": 0 if stalled else 1843, "time_to_first_byte": done,
+            "time_to_complete": done, "stalled": stalled, "kicks": int(kicked), "gaps": 0,
+            "t_pause": 0.002, "t_resume": 0.009, "t_reattach": t_reattach,
+            "t_first_byte": done, "t_complete": done,
+            "t_kick": t_reattach + 0.002 if kicked else math.nan, "deadline": 1.0,
+        })
+cycles = pd.DataFrame(rows, columns=CYCLE_COLUMNS)
+"""
+
+_LAB = """\
+from sandboxkit.notebook.stall_lab import stall_table_html
+
+lab = StallLab(policies=("blocking", "kick", "cursor"))
+lab.table.value = stall_table_html(cycles)  # what a finished run shows
+lab
+"""
+
+
+def _notebook_03_cells() -> list[str]:
+    """Notebook 03's own import cell and stall-table cell (its run replaced by
+    ``_CYCLES``), then its StallLab showing a finished run's table."""
+    import nbformat
+
+    cells = [c.source for c in nbformat.read(NOTEBOOK_03, as_version=4).cells]
+    imports = next(c for c in cells if "import StallLab" in c)
+    table = next(c for c in cells if c.startswith("table = stall_table(cycles)"))
+    return [imports, _CYCLES, table, _LAB]
+
+
+# Every table against the output it sits in (a table past the output's right edge is cut
+# off there), and where the text of each header and of each cell of its column is drawn.
+_JS_TABLES = """
+() => [...document.querySelectorAll(".jp-OutputArea-output table")].map((t) => {
+  const output = t.closest(".jp-OutputArea-output");
+  // What of the page the table can show in: its output, narrowed by every ancestor in
+  // it that hides its overflow (one that scrolls shows the rest only by scrolling).
+  let clip = output.getBoundingClientRect().right;
+  for (let e = t.parentElement; e && e !== output; e = e.parentElement) {
+    if (getComputedStyle(e).overflowX !== "visible") {
+      clip = Math.min(clip, e.getBoundingClientRect().right);
+    }
+  }
+  const text = (cell) => {
+    const r = document.createRange();
+    r.selectNodeContents(cell);
+    const b = r.getBoundingClientRect();
+    return [b.left, b.right];
+  };
+  const heads = [...t.querySelectorAll("thead th")];
+  const body = [...t.querySelectorAll("tbody tr")].map((tr) => [...tr.children]);
+  const all = [...t.querySelectorAll("th, td")];
+  return {
+    widget: !!t.closest(".sandboxkit-stall-table"),
+    clip,
+    right: Math.max(t.getBoundingClientRect().right, ...all.map((c) => text(c)[1])),
+    headers: heads.map((h) => h.textContent.trim()),
+    columns: heads.map((h, i) => ({
+      head: text(h), cells: body.map((r) => r[i] ? text(r[i]) : null).filter(Boolean),
+    })),
+  };
+})
+"""
+
+
+@pytest.fixture(scope="module")
+def stall_page(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Page]:
+    """Notebook 03's two stall tables (its own cell's and StallLab's) from a synthetic
+    run, in JupyterLab at a small laptop's width (1000 px, the file browser open)."""
+    import nbformat
+    from jupyter_harness import JupyterLab, deadline_poll
+    from playwright.sync_api import sync_playwright
+
+    _require_browser_stack()
+    base = tmp_path_factory.mktemp("stall-tables")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(c) for c in _notebook_03_cells()]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
+    nbformat.write(nb, base / _STALL_NOTEBOOK)
+    before = {p.pid for p in descendants(os.getpid())}
+    server = JupyterLab(base / "lab", [base / _STALL_NOTEBOOK])
+    try:
+        server.start().wait_ready(timeout=90)
+        with sync_playwright() as pw:
+            b = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+            try:
+                page = b.new_page(viewport={"width": 1000, "height": 1000})
+                page.set_default_timeout(60_000)
+                page.goto(server.lab_url(_STALL_NOTEBOOK), wait_until="domcontentloaded")
+                page.locator(".jp-Notebook .jp-Cell").first.wait_for(state="visible")
+                kernel = deadline_poll(lambda: server.kernel_for(_STALL_NOTEBOOK), 60, "kernel")
+                deadline_poll(lambda: server.kernel_state(str(kernel)) == "idle", 60, "idle")
+                page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+                page.locator(
+                    ".lm-Menu-item:not(.lm-mod-hidden) .lm-Menu-itemLabel",
+                    has_text="Run All Cells",
+                ).first.click()
+                page.locator(".sandboxkit-stall-table table").wait_for(state="visible")
+                page.locator(".jp-OutputArea-output table").nth(1).wait_for()
+                yield page
+            finally:
+                b.close()
+    finally:
+        server.stop()
+        left = still_alive(p for p in descendants(os.getpid()) if p.pid not in before)
+        if left:
+            names = describe(left)
+            reap(left)
+            pytest.fail(f"the JupyterLab test left processes running: {names}")
+
+
+def _tables(page: Page, shot: str) -> list[dict[str, Any]]:
+    root = os.environ.get("SANDBOXKIT_SCREENSHOT_DIR")
+    if root:
+        folder = Path(root) / "details"
+        folder.mkdir(parents=True, exist_ok=True)
+        for i, output in enumerate(page.locator(".jp-OutputArea-output:has(table)").all()):
+            output.scroll_into_view_if_needed()
+            page.screenshot(path=str(folder / f"{shot}-{i}.png"))
+    return list(page.evaluate(_JS_TABLES))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_stall_tables_are_not_clipped_on_the_right(stall_page: Page) -> None:
+    tables = _tables(stall_page, "clipped")
+    assert len(tables) >= 2, tables
+    for t in tables:
+        assert t["right"] <= t["clip"] + 1, (
+            f"table {t['headers']} ends at x={t['right']:.0f}, past x={t['clip']:.0f} "
+            "where its output cuts it off"
+        )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_stall_lab_headers_line_up_with_their_columns(stall_page: Page) -> None:
+    lab = next(t for t in _tables(stall_page, "headers") if t["widget"])
+    for name, col in zip(lab["headers"], lab["columns"], strict=True):
+        (hl, hr), cells = col["head"], col["cells"]
+        left = all(abs(cl - hl) <= 2 for cl, _ in cells)
+        right = all(abs(cr - hr) <= 2 for _, cr in cells)
+        assert left or right, f"column {name!r}: header at {col['head']}, cells at {cells}"
+
+
+_JS_CONTROLS = """
+() => {
+  const lab = document.querySelector(".sandboxkit-stall-lab");
+  const right = lab.closest(".jp-OutputArea-output").getBoundingClientRect().right;
+  return [...lab.querySelectorAll("input, select, button, .widget-readout, .widget-label")]
+    .map((e) => [e.tagName + " " + (e.textContent || e.value || "").trim().slice(0, 20),
+                 e.getBoundingClientRect().right, right])
+    .filter(([, r, edge]) => r > edge + 1);
+}
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_stall_lab_controls_are_not_cut_off(stall_page: Page) -> None:
+    stall_page.locator(".sandboxkit-stall-lab").scroll_into_view_if_needed()
+    assert stall_page.evaluate(_JS_CONTROLS) == []
