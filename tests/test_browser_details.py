@@ -323,6 +323,29 @@ def test_the_follow_toggle_pauses_following_while_output_flows(page: Page) -> No
     assert "following" in follow.inner_text()
 
 
+def test_the_follow_toggle_pauses_before_the_screen_is_full(page: Page) -> None:
+    mount_panel(page, "line 0\nline 1\nline 2\n")
+    page.wait_for_function(
+        "() => document.querySelector('#host .xterm-rows').textContent.includes('line 2')"
+    )
+    follow = page.locator("#host .sandboxkit-follow")
+    follow.click()  # nothing to scroll back to yet
+    frozen = page.evaluate(_JS_ROWS)
+    page.evaluate(
+        "() => { for (let i = 3; i < 60; i++) window.__emit({type: 'delta'}, `line ${i}\\n`); }"
+    )
+    page.wait_for_timeout(300)  # sleep-ok: the lines are written meanwhile
+    rows = page.evaluate(_JS_ROWS)
+    assert _line_numbers(rows)[0] == 0, f"the view moved on while paused: {rows}"
+    assert rows[: len(_line_numbers(frozen))] == frozen[: len(_line_numbers(frozen))]
+    assert "paused" in follow.inner_text()
+    follow.click()
+    page.wait_for_function(
+        "() => document.querySelector('#host .xterm-rows').textContent.includes('line 59')"
+    )
+    assert "following" in follow.inner_text()
+
+
 def test_an_emoji_takes_two_cells_and_overlaps_nothing(page: Page) -> None:
     mount_panel(page, "ab\nA😀B✅C\n")
     page.wait_for_function(

@@ -64,8 +64,10 @@ async function render({ model, el: root }) {
   // -- follow mode --------------------------------------------------------------------
   let following = true;
   let programmatic = false;
+  let holdTop = false; // paused before there was anything to scroll back to
   function setFollowing(on) {
     following = on;
+    if (on) holdTop = false;
     follow.textContent = on ? "following ✓" : "follow ▸ (paused)";
     follow.classList.toggle("sandboxkit-follow-off", !on);
     root.dataset.following = on ? "1" : "0";
@@ -85,16 +87,25 @@ async function render({ model, el: root }) {
       // scrolled up (by the user, or by this one line) stays where it is. Without it,
       // the next line would scroll the view, and following would resume by itself.
       const b = term.buffer.active;
-      if (b.viewportY >= b.baseY) {
+      if (b.viewportY >= b.baseY && b.baseY > 0) {
         programmatic = true;
         term.scrollLines(-1);
         programmatic = false;
+      } else if (b.viewportY >= b.baseY) {
+        holdTop = true; // the screen is not full yet: hold its top once lines push it
       }
     }
   });
   term.onScroll(() => {
     if (programmatic) return;
     const b = term.buffer.active;
+    if (holdTop && !following) {
+      holdTop = false;
+      programmatic = true;
+      term.scrollToTop(); // a scroll up: xterm.js leaves the view there from now on
+      programmatic = false;
+      return;
+    }
     const atBottom = b.viewportY >= b.baseY;
     if (atBottom !== following) setFollowing(atBottom);
   });
