@@ -26,7 +26,7 @@ from jupyter_harness import CHROMIUM, CHROMIUM_ARGS, descendants, describe, reap
 from test_browser import _require_browser_stack
 
 from sandboxkit.notebook.charts import ChartWidget
-from sandboxkit.notebook.panel import TerminalWidget
+from sandboxkit.notebook.panel import PanelState, TerminalWidget
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, Page
@@ -279,7 +279,7 @@ _JS_ROWS = """
 
 
 def _line_numbers(rows: list[str]) -> list[int]:
-    return [int(m.group(1)) for r in rows if (m := re.search(r"line (\d+)", r))]
+    return [int(m.group(1)) for r in rows if (m := re.search(r"line +(\d+)", r))]
 
 
 def mount_panel(page: Page, text: str, rows: int = 10) -> None:
@@ -344,6 +344,32 @@ def test_the_follow_toggle_pauses_before_the_screen_is_full(page: Page) -> None:
         "() => document.querySelector('#host .xterm-rows').textContent.includes('line 59')"
     )
     assert "following" in follow.inner_text()
+
+
+def test_a_skip_marker_says_on_screen_how_many_bytes_are_not_shown(page: Page) -> None:
+    # The kernel side as it runs: more output between two sends than it keeps pending.
+    state = PanelState(7, max_pending=1024)
+    # Lines of 90 bytes: the 1 KiB kept after the skip fits the 16 rows on screen.
+    lines = [f"line {i:3d} {'x' * 80}\n" for i in range(400)]
+    for text in lines[:20]:
+        state.feed_stdout(text)
+    mount_panel(page, state.take_output().decode(), rows=16)
+    for text in lines[20:]:
+        state.feed_stdout(text)
+    page.evaluate("(t) => window.__emit({type: 'delta'}, t)", state.take_output().decode())
+    page.wait_for_function(
+        "() => document.querySelector('#host .xterm-rows').textContent.includes('line 399')"
+    )
+    rows = [r.rstrip() for r in page.evaluate(_JS_ROWS)]
+    marker = next(i for i, r in enumerate(rows) if "skipped" in r)
+    said = int(re.search(r"(\d+) bytes skipped", rows[marker]).group(1))  # type: ignore[union-attr]
+    after = _line_numbers(rows[marker + 1 :])
+    # Whole lines follow the marker, in order, to the newest.
+    assert after == list(range(after[0], 400)), rows
+    assert re.fullmatch(r"line +\d+ x{80}", rows[marker + 1]), rows
+    # What the marker says is missing is exactly the bytes between line 19 and the first
+    # line shown after it.
+    assert said == sum(len(t) for t in lines[20 : after[0]]), (said, after[0])
 
 
 def test_an_emoji_takes_two_cells_and_overlaps_nothing(page: Page) -> None:
