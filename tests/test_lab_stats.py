@@ -465,6 +465,39 @@ def test_plot_cycle_timeline_filters_and_falls_back_to_resume() -> None:
     assert "t_kick" in str(excinfo.value) and "deadline" in str(excinfo.value)
 
 
+@pytest.mark.usefixtures("no_pyplot_leak")
+def test_plot_cycle_timeline_spreads_events_of_milliseconds_before_a_deadline_of_seconds() -> None:
+    # As measured in notebook 03: pause, resume, reattach and the answers within 20 ms,
+    # the deadline at 1 s. On a linear axis to 1 s they all land within 2 % of the width.
+    rows = []
+    for cycle in range(3):
+        row = cycle_row("cursor", "pause-snapshot", cycle, stalled=False, deadline=1.0)
+        row.update(
+            t_pause=0.002,
+            t_resume=0.009,
+            t_reattach=0.012,
+            t_first_byte=0.016,
+            t_complete=0.021,
+            time_to_complete=0.009,
+        )
+        rows.append(row)
+    fig = plot_cycle_timeline(pd.DataFrame(rows))
+    fig.canvas.draw()
+    ax = only_axes(fig)
+    # Where a person sees each marker of a cycle (pixels), in the order of the events.
+    columns = ["t_pause", "t_resume", "t_reattach", "t_first_byte", "t_complete"]
+    xs = [ax.transData.transform((rows[0][c], 0))[0] for c in columns]
+    deadline_x = ax.transData.transform((1.0, 0))[0]
+    left, right = ax.transAxes.transform((0, 0))[0], ax.transAxes.transform((1, 0))[0]
+    gaps = [round(b - a, 1) for a, b in itertools.pairwise(xs)]
+    # Each marker clear of the next (the markers are about 8 px across at the figure's dpi).
+    assert min(gaps) >= 10, f"markers pile up: {gaps} px apart"
+    # The events take a good part of the width before the deadline, not its first sliver.
+    assert (xs[-1] - xs[0]) >= 0.25 * (deadline_x - left), (xs, deadline_x, left)
+    assert left <= xs[0] and deadline_x <= right
+    assert "s" in ax.get_xlabel()
+
+
 def test_one_float_conversion_for_the_table_and_the_plots() -> None:
     # The table and the plots read the same cells: one conversion, missing values as NaN.
     import numpy as np

@@ -164,6 +164,53 @@ def test_samples_are_bounded_by_the_window() -> None:
 # -- the charts against the daemon -----------------------------------------------------------
 
 
+def _ink(fig: Figure, color: str, tolerance: int = 10) -> int:
+    """How many pixels of the rendered figure are ``color`` (within ``tolerance``)."""
+    import numpy as np
+
+    fig.canvas.draw()
+    pixels = np.asarray(fig.canvas.buffer_rgba())[..., :3].astype(int)  # type: ignore[attr-defined]
+    want = np.array([int(color[i : i + 2], 16) for i in (1, 3, 5)])
+    return int((np.abs(pixels - want) <= tolerance).all(axis=-1).sum())
+
+
+@pytest.mark.timeout(30)
+def test_the_figure_shows_both_of_two_lag_lines_that_coincide(conn: dict[str, Any]) -> None:
+    with Sandbox.create(**conn) as sbx:
+        handle = sbx.commands.run(["cat"], background=True)
+        chart = BackpressureChart(sbx, handle.pid)
+        try:
+            # The panel's stream and a ghost with the same lag all along: one line on top
+            # of the other.
+            chart._t0 = time.monotonic() - 30  # the chart has run for 30 s
+
+            def lines(*which: str) -> BackpressureData:
+                data = BackpressureData(5)
+                for i in range(20):
+                    lag = 4000 + 300 * (i % 5)
+                    rows = [
+                        row("a", "streaming", lag, i, role="panel"),
+                        row("b", "streaming", lag, i),
+                    ]
+                    rows[1]["ghost"] = True
+                    data.ingest([r for r in rows if r["consumer_id"] in which], 10.0 + i)
+                return data
+
+            shown = {}
+            for cid in ("a", "b"):
+                chart.data = lines(cid)
+                alone = _ink(chart.figure(), chart.data.tracks[cid].color)
+                chart.data = lines("a", "b")
+                together = _ink(chart.figure(), chart.data.tracks[cid].color)
+                shown[cid] = round(together / alone, 2)
+            # The line beneath keeps a good share of what it shows alone (it showed 1 %);
+            # the one on top (alone it is drawn first, at the first line's width) shows.
+            assert shown["a"] >= 0.4 and shown["b"] >= 0.2, shown
+        finally:
+            chart.close()
+            handle.disconnect()
+
+
 @pytest.mark.timeout(30)
 def test_backpressure_sends_samples_only_when_consumers_change(conn: dict[str, Any]) -> None:
     with Sandbox.create(**conn) as sbx:

@@ -23,9 +23,10 @@ def test_vendored_versions_are_the_pinned_ones_with_their_licences() -> None:
     assert table == {
         "@xterm/xterm": pins["XTERM"],
         "@xterm/addon-fit": pins["XTERM_FIT"],
+        "@xterm/addon-unicode11": pins["XTERM_UNICODE11"],
         "uplot": pins["UPLOT"],
     }
-    for name in ("xterm", "addon-fit", "uplot"):
+    for name in ("xterm", "addon-fit", "addon-unicode11", "uplot"):
         licence = (STATIC / f"LICENSE.{name}").read_text()
         assert "Permission is hereby granted, free of charge" in licence, name
     assert f"(v{pins['UPLOT']})" in (STATIC / "uplot.mjs").read_text()[:200]
@@ -33,7 +34,7 @@ def test_vendored_versions_are_the_pinned_ones_with_their_licences() -> None:
 
 def test_a_widgets_module_inlines_its_libraries_and_fetches_nothing() -> None:
     for module, widget, libs in (
-        ("panel.js", TerminalWidget, ("xterm", "addon-fit")),
+        ("panel.js", TerminalWidget, ("xterm", "addon-fit", "addon-unicode11")),
         ("charts.js", ChartWidget, ("uplot",)),
     ):
         source = esm(module, *libs)

@@ -19,12 +19,13 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
-from matplotlib.ticker import PercentFormatter
+from matplotlib.ticker import FuncFormatter, NullLocator, PercentFormatter
 
 from sandboxkit.lab.stats import (
     STALL_TABLE_COLUMNS,
     STALL_TABLE_REQUIRED,
     as_float,
+    format_duration,
     policy_rank,
     require_columns,
     stall_table,
@@ -218,6 +219,27 @@ def _ordered_cycles(df: pd.DataFrame) -> pd.DataFrame:
     return ordered
 
 
+def _time_axis(ax: Any, x_min: float, x_max: float, events: list[float]) -> None:
+    """The timeline's x axis. Linear, unless every event lies in the first tenth of it
+    (a cycle's steps take milliseconds, its deadline seconds: on a linear axis its markers
+    would pile up at x≈0): then linear up to the first event's decade and logarithmic
+    beyond, so each step gets its own place and the deadline still shows."""
+    positive = [t for t in events if t > 0]
+    if positive and x_min >= 0 and max(positive) < 0.1 * x_max:
+        linthresh = 10.0 ** math.floor(math.log10(min(positive)))
+        ax.set_xscale("symlog", linthresh=linthresh, linscale=0.5)
+        ax.set_xlim(0.0, x_max * 1.25)
+        ax.xaxis.set_major_formatter(
+            FuncFormatter(lambda v, _pos: "0" if v == 0 else format_duration(v))
+        )
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xlabel(f"time since cycle start (logarithmic above {format_duration(linthresh)})")
+        return
+    span = x_max - x_min if x_max > x_min else 1.0
+    ax.set_xlim(x_min - 0.02 * span, x_max + 0.04 * span)
+    ax.set_xlabel("time since cycle start (s)")
+
+
 def plot_cycle_timeline(
     df: pd.DataFrame,
     policy: str | None = None,
@@ -282,10 +304,12 @@ def plot_cycle_timeline(
 
     x_max = 0.0
     x_min = 0.0
+    events: list[float] = []  # every marker's time
     for y, record in zip(ys, records, strict=True):
         color = colors_by_policy[record["policy"]]
         deadline = as_float(record["deadline"])
         times = [as_float(record[column]) for column, _, _, _ in TIMELINE_MARKERS]
+        events.extend(t for t in times if not math.isnan(t))
         finite = [t for t in [deadline, *times] if not math.isnan(t)]
         if finite:
             x_max = max(x_max, *finite)
@@ -350,9 +374,7 @@ def plot_cycle_timeline(
         tick.set_color(colors_by_policy[record["policy"]])
     ax.tick_params(axis="y", labelsize=8)
     ax.set_ylim(-0.7, n - 0.3)
-    span = x_max - x_min if x_max > x_min else 1.0
-    ax.set_xlim(x_min - 0.02 * span, x_max + 0.04 * span)
-    ax.set_xlabel("time since cycle start (s)")
+    _time_axis(ax, x_min, x_max, events)
     ax.grid(axis="x", alpha=0.3)
 
     handles: list[Any] = [

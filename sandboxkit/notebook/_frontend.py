@@ -21,7 +21,12 @@ __all__ = ["STATIC", "css", "esm"]
 HERE = Path(__file__).parent
 STATIC = HERE / "static"
 
-_VENDOR_FILES = {"xterm": "xterm.mjs", "addon-fit": "addon-fit.mjs", "uplot": "uplot.mjs"}
+_VENDOR_FILES = {
+    "xterm": "xterm.mjs",
+    "addon-fit": "addon-fit.mjs",
+    "addon-unicode11": "addon-unicode11.mjs",
+    "uplot": "uplot.mjs",
+}
 
 _LOADER = """
 const __cache = (globalThis.__sandboxkitVendor ??= new Map());

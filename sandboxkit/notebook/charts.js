@@ -37,7 +37,16 @@ function kernelClock() {
   };
 }
 
-function backpressure(uPlot, root, model, height) {
+// Lines drawn later are thinner, so a line lying on an earlier one leaves that one's colour
+// showing along both its edges; a ghost's line is dashed as well.
+const LINE_WIDTHS = [4, 2.5, 1.5];
+const GHOST_DASH = [6, 4];
+const STRIP = 5; // CSS px: one consumer's state strip, above the plot area
+const STRIP_GAP = 1;
+
+function isGhost(label) { return /^ghost\b/.test(label); }
+
+function backpressure(uPlot, root, model, height, widthOf) {
   const clock = kernelClock();
   let window_ = 120;
   let samples = []; // [{t, lags, states}]
@@ -54,10 +63,11 @@ function backpressure(uPlot, root, model, height) {
 
   function build() {
     order = [...labels.keys()];
-    const series = [{}].concat(order.map((cid) => ({
+    const series = [{}].concat(order.map((cid, i) => ({
       label: labels.get(cid).label,
       stroke: labels.get(cid).color,
-      width: 2,
+      width: LINE_WIDTHS[Math.min(i, LINE_WIDTHS.length - 1)],
+      dash: isGhost(labels.get(cid).label) ? GHOST_DASH : undefined,
       paths: uPlot.paths.stepped({ align: 1 }),
       points: { show: false },
       spanGaps: false,
@@ -65,9 +75,12 @@ function backpressure(uPlot, root, model, height) {
     })));
     if (plot) plot.destroy();
     plot = new uPlot({
-      width: Math.max(200, plotBox.clientWidth || 600),
+      width: widthOf(),
       height,
       series,
+      // The state strips get a band of their own above the plot area: inside it they
+      // would read as lag values.
+      padding: [order.length * (STRIP + STRIP_GAP) + 6, null, null, null],
       legend: { show: false },
       cursor: { drag: { x: false, y: false } },
       scales: { x: { time: false }, y: { range: (u, lo, hi) => [0, Math.max(1024, hi * 1.25)] } },
@@ -99,16 +112,26 @@ function backpressure(uPlot, root, model, height) {
     return [xs, ...ys];
   }
 
-  // State strips along the top of the plot (state colours) and restart marks.
+  // State strips in the band above the plot area (state colours), restart marks.
   function drawOverlay(u) {
     const ctx = u.ctx;
     const { left, top, width, height: h } = u.bbox;
     const px = devicePixelRatio || 1;
-    const strip = 5 * px;
+    const strip = STRIP * px;
+    const band = top - 3 * px - order.length * (strip + STRIP_GAP * px);
     ctx.save();
+    if (order.length) {
+      ctx.fillStyle = "#666";
+      ctx.font = `${10 * px}px sans-serif`;
+      ctx.textAlign = "right";
+      ctx.textBaseline = "top";
+      ctx.fillText("state", left - 4 * px, band - px);
+      ctx.textAlign = "left";
+      ctx.textBaseline = "alphabetic";
+    }
     order.forEach((cid, i) => {
       let prev = null;
-      const y = top + i * (strip + px);
+      const y = band + i * (strip + STRIP_GAP * px);
       for (const s of samples.concat([{ t: clock.now(), states: {} }])) {
         if (prev && prev.states[cid]) {
           const x0 = Math.max(left, u.valToPos(prev.t, "x", true));
@@ -132,7 +155,7 @@ function backpressure(uPlot, root, model, height) {
       ctx.moveTo(x, top);
       ctx.lineTo(x, top + h);
       ctx.stroke();
-      ctx.fillText(`restart → pid ${pid}`, x + 4 * px, top + (order.length * 6 + 12) * px);
+      ctx.fillText(`restart → pid ${pid}`, x + 4 * px, top + 12 * px);
     }
     ctx.restore();
   }
@@ -142,7 +165,8 @@ function backpressure(uPlot, root, model, height) {
     for (const cid of order) {
       const item = el("span", "sandboxkit-chart-item");
       const sw = el("span", "sandboxkit-chart-swatch");
-      sw.style.background = labels.get(cid).color;
+      sw.style.color = labels.get(cid).color;
+      sw.classList.toggle("sandboxkit-chart-dashed", isGhost(labels.get(cid).label));
       const st = lastState.get(cid) || "streaming";
       const badge = el("span", "sandboxkit-chart-state", st);
       badge.style.background = STATE_COLORS[st] || "#1f77b4";
@@ -207,12 +231,12 @@ function backpressure(uPlot, root, model, height) {
       }
     },
     tick() { if (plot) plot.setData(data()); },
-    resize(w) { if (plot) plot.setSize({ width: w, height }); },
+    resize(w) { if (plot && plot.width !== w) plot.setSize({ width: w, height }); },
     destroy() { if (plot) plot.destroy(); },
   };
 }
 
-function timeline(uPlot, root, model, height) {
+function timeline(uPlot, root, model, height, widthOf) {
   let state = { now: 0, markers: [], pauses: [], stalls: [] };
   let at = performance.now();
   const plotBox = el("div", "sandboxkit-chart-plot");
@@ -251,7 +275,7 @@ function timeline(uPlot, root, model, height) {
   }
 
   const plot = new uPlot({
-    width: Math.max(200, plotBox.clientWidth || 600),
+    width: widthOf(),
     height,
     series: [{}, { show: false }],
     legend: { show: false },
@@ -287,7 +311,7 @@ function timeline(uPlot, root, model, height) {
       }
     },
     tick() { plot.setData(data()); },
-    resize(w) { plot.setSize({ width: w, height }); },
+    resize(w) { if (plot.width !== w) plot.setSize({ width: w, height }); },
     destroy() { plot.destroy(); },
   };
 }
@@ -300,8 +324,16 @@ async function render({ model, el: root }) {
   root.append(title);
   const onTitle = () => { title.textContent = model.get("title"); };
   model.on("change:title", onTitle);
+  // A view can render, or rebuild its plot, while hidden (a background tab, a collapsed
+  // output): its box is 0 wide then. It takes the last width it was shown at (600 px
+  // if never), and the ResizeObserver below sets the real one once it shows.
+  let lastWidth = 0;
+  const widthOf = () => {
+    if (root.clientWidth > 0) lastWidth = root.clientWidth;
+    return Math.max(200, lastWidth || 600);
+  };
   const make = model.get("kind") === "timeline" ? timeline : backpressure;
-  const chart = make(uPlot, root, model, model.get("height"));
+  const chart = make(uPlot, root, model, model.get("height"), widthOf);
   let synced = false;
   const onMessage = (msg) => {
     if (msg.type === "snapshot") {
@@ -314,10 +346,8 @@ async function render({ model, el: root }) {
   };
   model.on("msg:custom", onMessage);
   const timer = setInterval(() => chart.tick(), 1000); // the time axis moves on by itself
-  let lastWidth = 0;
   const resize = new ResizeObserver(() => {
-    const w = root.clientWidth;
-    if (w > 0 && w !== lastWidth) { lastWidth = w; chart.resize(w); }
+    if (root.clientWidth > 0) chart.resize(widthOf());
   });
   resize.observe(root);
   model.send({ type: "hello", view });

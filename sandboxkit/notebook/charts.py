@@ -76,6 +76,9 @@ LAG_COLORS = ("#1f77b4", "#9467bd", "#17becf", "#8c564b", "#e377c2", "#393b79", 
 
 _STARVED_AFTER = 1.0
 
+_LINE_WIDTHS = (3.0, 1.8, 1.1)
+"""Lag line widths in the figure, by drawing order (``LINE_WIDTHS`` in charts.js)."""
+
 
 _ROLE_TEXT = {"panel": "panel", "sdk": "notebook handle", "ghost": "ghost"}
 
@@ -514,7 +517,17 @@ class BackpressureChart(_PolledChart[pd.DataFrame]):
             end = points[-1][0] if track.closed else now
             xs = [p[0] for p in points] + [end]
             lags = [p[1] for p in points] + [points[-1][1]]
-            ax_lag.step(xs, lags, where="post", label=track.label, color=track.color)
+            # As in the browser: each later line thinner, ghosts dashed, so a line lying
+            # on an earlier one leaves that one showing.
+            ax_lag.step(
+                xs,
+                lags,
+                where="post",
+                label=track.label,
+                color=track.color,
+                linewidth=_LINE_WIDTHS[min(i, len(_LINE_WIDTHS) - 1)],
+                linestyle=(0, (4, 3)) if track.label.startswith("ghost") else "-",
+            )
             for (t, _, state), t_next in zip(points, xs[1:], strict=True):
                 ax_state.broken_barh(
                     [(t, max(t_next - t, 1e-3))],

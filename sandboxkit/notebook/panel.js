@@ -25,7 +25,8 @@ function bytesOf(buffers) {
 }
 
 async function render({ model, el: root }) {
-  const [{ Terminal }, { FitAddon }] = await Promise.all([vendor("xterm"), vendor("addon-fit")]);
+  const [{ Terminal }, { FitAddon }, { Unicode11Addon }] = await Promise.all(
+    [vendor("xterm"), vendor("addon-fit"), vendor("addon-unicode11")]);
   const view = Math.random().toString(36).slice(2);
   root.classList.add("sandboxkit-term-root");
 
@@ -50,16 +51,23 @@ async function render({ model, el: root }) {
              selectionBackground: "#b3d4fc" },
     cursorStyle: "bar",
     cursorInactiveStyle: "none",
+    allowProposedApi: true, // term.unicode (the width table) is a proposed API
   });
   const fit = new FitAddon();
   term.loadAddon(fit);
+  // xterm.js's own width table is Unicode 6: an emoji takes one cell there and its glyph
+  // runs over the next character. Unicode 11's gives emoji (and CJK) their two cells.
+  term.loadAddon(new Unicode11Addon());
+  term.unicode.activeVersion = "11";
   term.open(box);
 
   // -- follow mode --------------------------------------------------------------------
   let following = true;
   let programmatic = false;
+  let holdTop = false; // paused before there was anything to scroll back to
   function setFollowing(on) {
     following = on;
+    if (on) holdTop = false;
     follow.textContent = on ? "following ✓" : "follow ▸ (paused)";
     follow.classList.toggle("sandboxkit-follow-off", !on);
     root.dataset.following = on ? "1" : "0";
@@ -72,11 +80,32 @@ async function render({ model, el: root }) {
   setFollowing(true);
   follow.addEventListener("click", () => {
     setFollowing(!following);
-    if (following) toBottom();
+    if (following) {
+      toBottom();
+    } else {
+      // xterm.js keeps a viewport at the bottom there while lines arrive; a viewport
+      // scrolled up (by the user, or by this one line) stays where it is. Without it,
+      // the next line would scroll the view, and following would resume by itself.
+      const b = term.buffer.active;
+      if (b.viewportY >= b.baseY && b.baseY > 0) {
+        programmatic = true;
+        term.scrollLines(-1);
+        programmatic = false;
+      } else if (b.viewportY >= b.baseY) {
+        holdTop = true; // the screen is not full yet: hold its top once lines push it
+      }
+    }
   });
   term.onScroll(() => {
     if (programmatic) return;
     const b = term.buffer.active;
+    if (holdTop && !following) {
+      holdTop = false;
+      programmatic = true;
+      term.scrollToTop(); // a scroll up: xterm.js leaves the view there from now on
+      programmatic = false;
+      return;
+    }
     const atBottom = b.viewportY >= b.baseY;
     if (atBottom !== following) setFollowing(atBottom);
   });

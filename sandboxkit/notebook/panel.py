@@ -553,7 +553,7 @@ class DeltaPump:
 class TerminalWidget(anywidget.AnyWidget):
     """xterm.js in the browser (``panel.js``); fed by :class:`ProcessPanel`'s messages."""
 
-    _esm = esm("panel.js", "xterm", "addon-fit")
+    _esm = esm("panel.js", "xterm", "addon-fit", "addon-unicode11")
     _css = css("xterm.css", "panel.css")
     rows = traitlets.Int(20).tag(sync=True)
     scrollback = traitlets.Int(DEFAULT_SCROLLBACK).tag(sync=True)

@@ -75,30 +75,72 @@ def _retrieve(task: asyncio.Task[Any]) -> None:
         task.exception()
 
 
+# The stall table's own layout. It is shown inside an ipywidgets ``HTML`` (whose content
+# has a 28 px line height and no table style) and as a notebook output (JupyterLab's
+# table style): both would centre or right-align the headers over left-aligned cells and
+# wrap "pause-snapshot" in two. Here every header sits exactly over its column (text
+# left, numbers right), nothing wraps but the two-line headers, and a table wider than
+# its output scrolls sideways instead of being cut off.
+_STALL_TABLE_CSS = """
+.sandboxkit-stall-wrap { overflow-x: auto; max-width: 100%; }
+.sandboxkit-stall-wrap table.sandboxkit-stall { border-collapse: collapse; border: none;
+  font-size: 12px; line-height: 1.35; margin: 4px 0; table-layout: auto; }
+.sandboxkit-stall-wrap table.sandboxkit-stall th,
+.sandboxkit-stall-wrap table.sandboxkit-stall td { padding: 3px 5px; white-space: nowrap;
+  text-align: left; vertical-align: bottom; border: none; max-width: none; }
+.sandboxkit-stall-wrap table.sandboxkit-stall thead th { border-bottom: 1px solid #999;
+  font-weight: 600; }
+.sandboxkit-stall-wrap table.sandboxkit-stall tbody tr:nth-child(odd) { background: #f5f5f5; }
+.sandboxkit-stall-wrap table.sandboxkit-stall .sandboxkit-num { text-align: right;
+  font-variant-numeric: tabular-nums; }
+"""
+
+
 def stall_table_html(df: pd.DataFrame) -> str:
-    """The stall table of a per-cycle frame as an HTML table, rates in percent with their
-    Wilson interval and completion times in ms/s."""
+    """The stall table of a per-cycle frame as HTML (with its own style): rates in percent
+    with their Wilson interval, completion times in ms/s, every header over its column."""
     table = stall_table(df)
     confidence = float(table.attrs.get("confidence", 0.95))
-    shown = pd.DataFrame(
-        {
-            "policy": table["policy"],
-            "ghost": table["ghost"],
-            "stalls": table["stalls"],
-            f"stall rate [{confidence * 100:g}% CI]": [
+    # (header lines, numeric?, values)
+    columns: list[tuple[tuple[str, ...], bool, list[str]]] = [
+        (("policy",), False, [str(v) for v in table["policy"]]),
+        (("ghost",), False, [str(v) for v in table["ghost"]]),
+        (("stalls",), True, [str(v) for v in table["stalls"]]),
+        (
+            ("stall rate", f"[{confidence * 100:g}% CI]"),
+            True,
+            [
                 f"{r:.0%} [{lo:.0%}–{hi:.0%}]"
                 for r, lo, hi in zip(
                     table["stall_rate"], table["ci_low"], table["ci_high"], strict=True
                 )
             ],
-            "median done": [format_duration(t) for t in table["median_time_to_complete"]],
-            "max done": [format_duration(t) for t in table["max_time_to_complete"]],
-            "kicks": table["kicks"],
-            "gaps": table["gaps"],
-        }
+        ),
+        (("median", "done"), True, [format_duration(t) for t in table["median_time_to_complete"]]),
+        (("max", "done"), True, [format_duration(t) for t in table["max_time_to_complete"]]),
+        (("kicks",), True, [str(v) for v in table["kicks"]]),
+        (("gaps",), True, [str(v) for v in table["gaps"]]),
+    ]
+
+    def cell(tag: str, numeric: bool, text: str) -> str:
+        cls = ' class="sandboxkit-num"' if numeric else ""
+        return f"<{tag}{cls}>{text}</{tag}>"
+
+    head = "".join(
+        cell("th", numeric, "<br>".join(html.escape(line) for line in lines))
+        for lines, numeric, _ in columns
     )
-    rendered: str = shown.to_html(index=False, escape=True, border=0)
-    return rendered
+    body = "".join(
+        "<tr>"
+        + "".join(cell("td", numeric, html.escape(values[i])) for _, numeric, values in columns)
+        + "</tr>"
+        for i in range(len(table))
+    )
+    return (
+        f"<style>{_STALL_TABLE_CSS}</style>"
+        '<div class="sandboxkit-stall-wrap"><table class="sandboxkit-stall">'
+        f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
+    )
 
 
 class StallLab:
@@ -164,15 +206,19 @@ class StallLab:
             ),
         )
         self.table.add_class("sandboxkit-stall-table")
+        # The rows wrap where the output is narrower than them (a laptop with the file
+        # browser open) instead of cutting off the controls on the right.
+        wrap = widgets.Layout(flex_flow="row wrap")
         self.widget = widgets.VBox(
             [
                 widgets.HBox(
                     [
                         self.policies,
                         widgets.VBox([self.ghost, self.cycles, self.deadline, self.run_button]),
-                    ]
+                    ],
+                    layout=wrap,
                 ),
-                widgets.HBox([self.progress, self.status]),
+                widgets.HBox([self.progress, self.status], layout=wrap),
                 self.table,
                 self.plot,
             ]
