@@ -13,16 +13,27 @@ import pytest
 # The suite's daemons run on the loop a plain install has (asyncio), although the test
 # extra installs uvloop for the tests that use it by name (tests/test_send_path.py).
 os.environ.setdefault("SANDBOXKIT_EVENT_LOOP", "asyncio")
+from sandboxkit.daemon.isolation import ISOLATION_ENV
+
 # Most of the suite runs commands by host paths (sys.executable, scripts in tmp_path),
 # which a namespaced sandbox does not see (a root daemon's sandboxes cannot even reach
 # root's home, where the interpreter may live): its daemons default to no isolation.
 # The isolation tests ask for namespaces by name (tests/test_isolation*.py), and the
 # README's snippets run with the shipped default (tests/test_readme.py).
-os.environ.setdefault("SANDBOXKIT_ISOLATION", "none")
+os.environ.setdefault(ISOLATION_ENV, "none")
 
 from sandboxkit.daemon.config import DaemonConfig
 from sandboxkit.daemon.host import Host
 from sandboxkit.daemon.server import DaemonServer
+
+
+def child_env() -> dict[str, str]:
+    """This environment for a child process (a ``sandboxkit serve``, a script): without
+    sandboxkit's settings (a daemon URL, a freezer), but with the suite's isolation
+    default (above)."""
+    return {
+        k: v for k, v in os.environ.items() if not k.startswith("SANDBOXKIT_") or k == ISOLATION_ENV
+    }
 
 
 def fast_config(**overrides: object) -> DaemonConfig:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+from conftest import child_env
 
 import sandboxkit
 
@@ -91,7 +92,7 @@ def process_is_frozen(pid: int) -> bool:
 def cli_env(state_file: Path) -> dict[str, str]:
     """This checkout importable, no daemon URL or freezer override, the default state file
     inside the test's directory as a safety net."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXKIT_")}
+    env = child_env()
     env["SANDBOXKIT_STATE_FILE"] = str(state_file)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     return env

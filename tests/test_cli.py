@@ -19,10 +19,12 @@ from typing import Any
 import httpx
 import psutil
 import pytest
+from conftest import child_env
 
 import sandboxkit
 from sandboxkit import Sandbox
 from sandboxkit.client.local import ensure_local_daemon, probe
+from sandboxkit.daemon.isolation import ISOLATION_ENV
 from sandboxkit.statefile import STATE_FILE_ENV, DaemonState, read_state
 
 REPO = Path(sandboxkit.__file__).resolve().parents[1]
@@ -34,7 +36,7 @@ CLEAN_EXIT = (0, -signal.SIGTERM)
 def _env(state_path: Path) -> dict[str, str]:
     """The environment for our subprocesses: this checkout importable, no daemon URL
     override, and the default state file pointing into tmp_path as a safety net."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXKIT_")}
+    env = child_env()
     env[STATE_FILE_ENV] = str(state_path)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     return env
@@ -195,7 +197,7 @@ def test_ensure_local_daemon_starts_one_and_reuses_it(
     concurrent = tmp_path / "conc" / "daemon.json"
     env = _env(sequential)
     for name in list(os.environ):
-        if name.startswith("SANDBOXKIT_"):
+        if name.startswith("SANDBOXKIT_") and name != ISOLATION_ENV:
             monkeypatch.delenv(name)
     monkeypatch.setenv(STATE_FILE_ENV, str(sequential))
     monkeypatch.setenv("PYTHONPATH", env["PYTHONPATH"])

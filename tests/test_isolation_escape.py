@@ -48,7 +48,7 @@ def daemon(
 ) -> Iterator[Served]:
     """One daemon per variant for the module (starting one takes about a second)."""
     if request.param == "daemon-user":
-        with served(tmp_path_factory.mktemp("escape")) as it:
+        with served(tmp_path_factory.mktemp("escape"), "--isolation", "auto") as it:
             yield it
     else:
         with served_unprivileged() as it:

@@ -23,7 +23,7 @@ import httpx
 import pandas as pd
 import psutil
 import pytest
-from conftest import fast_config
+from conftest import child_env, fast_config
 from support import poll as _poll
 
 from sandboxkit import AsyncSandbox
@@ -353,7 +353,7 @@ async def test_leaky_and_frozen_ghosts_wedge_blocking_once_their_buffers_fill(
 
 
 def _env(state_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXKIT_")}
+    env = child_env()
     env["SANDBOXKIT_STATE_FILE"] = str(state_path)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     return env

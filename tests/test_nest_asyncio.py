@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import child_env
 
 import sandboxkit
 
@@ -78,7 +79,7 @@ print("OK")
 
 @pytest.mark.timeout(90)
 def test_sync_async_and_widgets_work_under_nest_asyncio(conn: dict[str, str]) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXKIT_")}
+    env = child_env()
     env.update(TEST_URL=conn["url"], TEST_TOKEN=conn["token"])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     result = subprocess.run(

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import fast_config
+from conftest import child_env, fast_config
 from support import poll as _poll
 
 import sandboxkit
@@ -182,7 +182,7 @@ for i in range(int(sys.argv[1])):
 
 def _env(state_path: Path) -> dict[str, str]:
     """This checkout importable by the daemon, and no daemon settings inherited."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXKIT_")}
+    env = child_env()
     env[STATE_FILE_ENV] = str(state_path)
     repo = str(Path(sandboxkit.__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo, env.get("PYTHONPATH")]))

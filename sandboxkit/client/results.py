@@ -109,7 +109,7 @@ class SandboxInfo:
     isolation: str = "none"
     """What holds for its processes: ``namespaces`` or ``none`` (``docs/isolation.md``)."""
     isolation_reason: str = ""
-    """Why ``none``, when it is: asked for, or what the host lacks."""
+    """What the host lacks, when ``isolation="auto"`` gave ``none`` (empty otherwise)."""
     allow_internet_access: bool = True
     limits: dict[str, float] = field(default_factory=dict)
     """The limits asked for (sizes in bytes)."""

@@ -194,7 +194,7 @@ class AsyncSandbox:
         except BaseException:
             await api.aclose()
             raise
-        if info.isolation == "none" and isolation != "none":
+        if info.isolation == "none" and info.isolation_reason:
             _warn_unisolated(info.isolation_reason)
         return cls(api, info)
 

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sandboxkit.daemon.isolation import ISOLATION_ENV
 from sandboxkit.lab_options import GHOST_BUFFER
 
 __all__ = ["DaemonConfig", "LabDefaults"]
@@ -88,7 +89,7 @@ class DaemonConfig:
     (benchmarks/compare.py, P7)."""
     journal_size: int = 20_000
     """Events kept in the journal."""
-    isolation: str = field(default_factory=lambda: os.environ.get("SANDBOXKIT_ISOLATION", "auto"))
+    isolation: str = field(default_factory=lambda: os.environ.get(ISOLATION_ENV, "auto"))
     """What a sandbox created without ``isolation`` gets: ``auto`` (namespaces where the
     kernel allows, else none), ``namespaces`` or ``none`` (``docs/isolation.md``)."""
     freezer: str = "auto"

@@ -38,9 +38,9 @@ __all__ = ["Host"]
 
 
 def _why_none(asked: str, mode: str) -> str:
-    if mode != "none":
+    if mode != "none" or asked == "none":
         return ""
-    return "isolation='none' was asked for" if asked == "none" else probe().reason
+    return probe().reason
 
 
 _CLOSED_CONSUMERS_KEPT = 64

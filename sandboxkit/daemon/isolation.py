@@ -49,6 +49,7 @@ from sandboxkit.errors import InvalidArgument, IsolationUnavailable
 
 __all__ = [
     "HOME",
+    "ISOLATION_ENV",
     "ISOLATION_MODES",
     "SANDBOX_HOST_UID",
     "TMP",
@@ -61,6 +62,9 @@ __all__ = [
     "resolve_mode",
     "write_accounts",
 ]
+
+ISOLATION_ENV: Final = "SANDBOXKIT_ISOLATION"
+"""The daemon's default isolation when its config does not name one (``DaemonConfig``)."""
 
 IsolationMode = Literal["auto", "namespaces", "none"]
 ISOLATION_MODES: Final = ("auto", "namespaces", "none")

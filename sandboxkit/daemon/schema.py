@@ -190,7 +190,7 @@ class SandboxInfo(Struct):
     isolation: Literal["namespaces", "none"]
     """What holds for its processes: ``namespaces`` or ``none``."""
     isolation_reason: str
-    """Why ``none``, when it is: asked for, or what the host lacks."""
+    """What the host lacks, when ``auto`` gave ``none`` (empty otherwise)."""
     allow_internet_access: bool
     limits: dict[str, float]
     """The limits asked for (sizes in bytes)."""
