@@ -15,6 +15,7 @@ import pytest
 
 from sandboxkit.client.sandbox import AsyncSandbox
 from sandboxkit.client.sync import Sandbox
+from sandboxkit.daemon.server import DaemonServer
 from sandboxkit.errors import DaemonUnavailable, InvalidArgument, SandboxNotFound, SandboxPaused
 from sandboxkit.lab_options import LabOptions
 from sandboxkit.notebook.dashboard import SandboxDashboard
@@ -513,3 +514,21 @@ def test_hiding_the_selected_sandbox_deselects_it(
         assert dashboard.state.selected == other  # shown, live: a valid next choice
     finally:
         Sandbox.connect(other, **conn).kill()
+
+
+@pytest.mark.timeout(30)
+def test_a_sandbox_that_did_not_get_isolation_says_so_on_the_dashboard(
+    dashboard: SandboxDashboard, daemon: DaemonServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sandboxkit.daemon import isolation
+
+    monkeypatch.setattr(daemon.host.config, "isolation", "auto")  # the shipped default
+    missing = isolation.Probe(False, "user namespaces are disabled (test)")
+    monkeypatch.setattr("sandboxkit.daemon.host.probe", lambda: missing)
+    monkeypatch.setattr("sandboxkit.daemon.host.resolve_mode", lambda asked: "none")
+    monkeypatch.setattr("sandboxkit.client.sandbox._warned_unisolated", True)
+    sbx = dashboard.on_create()
+    assert sbx is not None and sbx.get_info().isolation == "none"
+    dashboard.flush()
+    assert "not isolated: user namespaces are disabled (test)" in dashboard.title.value
+    assert dashboard.sandboxes_frame().isolation.tolist() == ["none"]

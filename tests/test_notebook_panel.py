@@ -11,6 +11,7 @@ Async tests (a running loop, like a Jupyter kernel) use an ``AsyncSandbox`` or a
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import sys
 import threading
@@ -852,3 +853,28 @@ def test_output_evicted_before_the_panel_read_it_shows_as_a_marker(
                 assert "sandboxkit: " not in screen(panel)  # not the SDK's stdout marker
             finally:
                 panel.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_panel_on_an_isolated_sandbox_shows_its_lines_and_an_oom_on_its_status(
+    conn: dict[str, Any],
+) -> None:
+    from sandboxkit.daemon.isolation import probe
+
+    if not probe().available and not os.environ.get("CI"):
+        pytest.skip(f"no namespaces here: {probe().reason}")
+    hog = "for i in range(3): print('line', i, flush=True)\nb = bytearray(512 * 1024 * 1024)\n"
+    with Sandbox.create(isolation="namespaces", limits={"memory": "64M"}, **conn) as sbx:
+        how = sbx.get_info().limits_enforced["memory"]
+        sbx.files.write("hog.py", hog)
+        pid = start_sync(sbx, ["python3", "hog.py"])
+        panel = ProcessPanel(sbx, pid)
+        try:
+            wait_until(lambda: panel.flush() or "exit" in last_status(panel), what="the exit")
+            assert screen_lines(panel)[:3] == ["line 0", "line 1", "line 2"]
+            if how == "rlimit":  # no cgroup: the allocation fails, no OOM kill
+                assert "exit 1" in last_status(panel)
+            else:
+                assert "exited · exit -9 (oom)" in last_status(panel)
+        finally:
+            panel.close()

@@ -52,7 +52,7 @@ T = TypeVar("T")
 PROCESS_COLUMNS = ["pid", "command", "state", "consumers", "exit_code"]
 """Columns of :meth:`SandboxDashboard.processes_frame` (the process table)."""
 
-SANDBOX_COLUMNS = ["sandbox_id", "state", "processes", "fanout", "selected"]
+SANDBOX_COLUMNS = ["sandbox_id", "state", "processes", "isolation", "fanout", "selected"]
 """Columns of :meth:`SandboxDashboard.sandboxes_frame` (the sandbox table)."""
 
 SHOW_ALL = "all sandboxes"
@@ -585,6 +585,7 @@ class SandboxDashboard:
                 "sandbox_id": s.sandbox_id,
                 "state": s.state,
                 "processes": s.processes,
+                "isolation": s.isolation,
                 "fanout": s.fanout,
                 "selected": s.sandbox_id == selected,
             }
@@ -635,6 +636,12 @@ class SandboxDashboard:
             self.title.value += (
                 f" · on {html.escape(self._provider.upper())}: consumers are client-side "
                 "only (this kernel's readers)"
+            )
+        if info is not None and info.isolation == "none" and info.isolation_reason:
+            # Never pretend: a sandbox that asked for isolation and did not get it says so.
+            self.title.value += (
+                " · <span style='color:#d62728'>not isolated: "
+                f"{html.escape(info.isolation_reason)}</span>"
             )
         running = info is not None and info.state == "running"
         self.pause_button.disabled = not running

@@ -114,6 +114,8 @@ class PanelSnapshot:
     stalled: bool
     skipped: int
     """Bytes not sent to the browser (rate cap) since the panel started."""
+    exit_reason: str | None = None
+    """What ended the process, when not itself: ``oom``, ``timeout``, ``user`` …"""
 
     @property
     def shown_state(self) -> str:
@@ -127,7 +129,8 @@ class PanelSnapshot:
         """The status line without the age and the badge (what the kernel sends)."""
         parts = [f"pid {self.pid}", self.shown_state]
         if self.exit_code is not None:
-            parts.append(f"exit {self.exit_code}")
+            why = "" if self.exit_reason in (None, "exit") else f" ({self.exit_reason})"
+            parts.append(f"exit {self.exit_code}{why}")
         parts.append(f"cursor {'-' if self.cursor is None else self.cursor}")
         if self.head is not None:
             parts.append(f"head {self.head}")
@@ -216,6 +219,7 @@ class PanelState:
         self.process_state: str | None = None
         self.sandbox_state: str | None = None
         self.exit_code: int | None = None
+        self.exit_reason: str | None = None
         self.error: str | None = None
 
     def _set_cursor(self, cursor: int) -> None:
@@ -351,6 +355,7 @@ class PanelState:
         head: int | None = None,
         cursor: int | None = None,
         exit_code: int | None = None,
+        exit_reason: str | None = None,
         epoch: int | None = None,
         pid: int | None = None,
     ) -> bool:
@@ -373,6 +378,7 @@ class PanelState:
                 self._set_cursor(cursor)
             if exit_code is not None:
                 self.exit_code = exit_code
+                self.exit_reason = exit_reason
             after = (self.process_state, self.sandbox_state, self.head, self.cursor)
             if after != before or self.exit_code != before_exit:
                 self._bump()
@@ -473,6 +479,7 @@ class PanelState:
                 process_state=self.process_state,
                 sandbox_state=self.sandbox_state,
                 exit_code=self.exit_code,
+                exit_reason=self.exit_reason,
                 attached=self.attached,
                 error=self.error,
                 stalled=self._stalled(now),
@@ -514,6 +521,7 @@ class DeltaPump:
             snap.pid,
             snap.shown_state,
             snap.exit_code,
+            snap.exit_reason,
             snap.attached,
             snap.error,
             snap.stalled,
@@ -855,7 +863,10 @@ class ProcessPanel(WidgetBase):
                 self.state.set_error(f"{type(exc).__name__}: {exc}")
         if follower.active and not follower.retiring and follower.handle.exit_code is not None:
             self.state.update_process(
-                state="exited", exit_code=follower.handle.exit_code, cursor=follower.handle.cursor
+                state="exited",
+                exit_code=follower.handle.exit_code,
+                exit_reason=follower.handle.result().reason,
+                cursor=follower.handle.cursor,
             )
 
     async def _detach_stream(self) -> int | None:
