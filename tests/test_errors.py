@@ -693,6 +693,7 @@ _SAMPLES: dict[str, Any] = {
     "result": None,
     "path": "sub/missing.txt",
     "timeout": 1.5,
+    "missing": "bubblewrap is not installed",
 }
 
 

@@ -295,7 +295,8 @@ async def test_log_segments_are_not_beside_the_sandboxes(tmp_path: Path) -> None
         root = sandbox.workdir.parent
         assert root not in directory.parents
         assert [p.name for p in root.iterdir() if not p.name.startswith(".")] == [
-            sandbox.sandbox_id
+            sandbox.sandbox_id,
+            f"{sandbox.sandbox_id}.tmp",  # its /tmp (sandbox_paths)
         ]
         runtime = directory.parent.parent
         assert stat.S_IMODE(runtime.stat().st_mode) == 0o700

@@ -358,7 +358,7 @@ def test_openapi_lists_only_the_errors_each_route_can_return(daemon: DaemonServe
     # 503 on every route: the daemon at its connection or file-descriptor limit.
     assert statuses("/health", "get") == {"200", "401", "503"}
     assert statuses("/sandboxes", "get") == {"200", "401", "503"}
-    assert statuses("/sandboxes", "post") == {"201", "400", "401", "413", "422", "503"}
+    assert statuses("/sandboxes", "post") == {"201", "400", "401", "413", "422", "501", "503"}
     assert statuses("/sandboxes/{sid}/pause", "post") == {"200", "401", "404", "503"}
     assert statuses("/sandboxes/{sid}/processes/{pid}/stream", "get") == {
         "200",

@@ -336,6 +336,8 @@ class _Reader:
         self._err = bytearray()
         self._partial = {"stdout": "", "stderr": ""}
         self.bytes_dropped = 0
+        self.end_reason: str | None = None
+        """E2B says only the exit code, not what ended a process."""
         self.stats = _Stats()
         self.bytes_sent = 0
         self.frames_sent = 0
