@@ -551,7 +551,13 @@ def _walk(root: int, parts: tuple[bytes, ...], flags: int, mode: int) -> int:
                 links += 1
                 if links > MAX_SYMLINKS:
                     raise OSError(errno.ELOOP, os.strerror(errno.ELOOP))
-                target = os.readlink(name, dir_fd=here)
+                try:
+                    target = os.readlink(name, dir_fd=here)
+                except OSError as exc:
+                    if exc.errno != errno.EINVAL:
+                        raise
+                    todo.insert(0, name)  # no longer a link (swapped meanwhile): look again
+                    continue
                 if target.startswith(b"/"):
                     raise OSError(errno.EXDEV, "an absolute symlink leads outside")
                 todo = target.split(b"/") + todo
