@@ -186,6 +186,44 @@ def test_a_connection_flood_does_not_lock_out_a_healthy_client(
 
 
 @pytest.mark.timeout(60)
+def test_at_the_cap_unauthenticated_idle_connections_are_shed_before_authenticated_ones(
+    tmp_path: Path,
+) -> None:
+    cap = 50
+    args = ("--max-connections", str(cap), "--keepalive-timeout", "30", "--header-timeout", "30")
+    with _served(tmp_path, *args, fd_limit=4096) as daemon:
+        request = (
+            f"GET /health HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {daemon.token}\r\n\r\n"
+        ).encode()
+
+        def ask(sock: socket.socket) -> bytes:
+            sock.sendall(request)
+            answer = b""
+            while b"}" not in answer:
+                data = sock.recv(4096)
+                if not data:
+                    break
+                answer += data
+            return answer
+
+        with socket.create_connection((daemon.host, daemon.port), timeout=10) as kept:
+            assert ask(kept).startswith(b"HTTP/1.1 200")
+            # Now idle, authenticated; then 4x the cap of silent connections arrive.
+            attackers = Attackers(daemon, 4 * cap)
+            try:
+                attackers.top_up()
+                assert _health(daemon) < 5.0
+                deadline = time.monotonic() + 10
+                while attackers.closed_by_daemon < 3 * cap and time.monotonic() < deadline:
+                    attackers.top_up()
+                assert attackers.closed_by_daemon >= 3 * cap, attackers.closed_by_daemon
+                # The authenticated connection was kept: it carries another request.
+                assert ask(kept).startswith(b"HTTP/1.1 200")
+            finally:
+                attackers.close()
+
+
+@pytest.mark.timeout(60)
 def test_a_slowloris_connection_is_closed_after_the_header_timeout(tmp_path: Path) -> None:
     with _served(tmp_path, "--header-timeout", str(HEADER_TIMEOUT)) as daemon:
         sock = socket.create_connection((daemon.host, daemon.port), timeout=5)
