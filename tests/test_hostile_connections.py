@@ -186,7 +186,7 @@ def test_a_connection_flood_does_not_lock_out_a_healthy_client(
 
 
 @pytest.mark.timeout(60)
-def test_at_the_cap_unauthenticated_idle_connections_are_shed_before_authenticated_ones(
+def test_at_the_cap_idle_unauthenticated_connections_are_shed_and_authenticated_kept(
     tmp_path: Path,
 ) -> None:
     cap = 50
