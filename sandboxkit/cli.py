@@ -559,7 +559,7 @@ def _parser() -> argparse.ArgumentParser:
         "--max-connections",
         type=int,
         default=config.max_connections,
-        help="connections kept open; past it idle ones are closed, unauthenticated first",
+        help="connections kept open; past it idle unauthenticated ones are closed",
     )
     serve.add_argument(
         "--fd-reserve",

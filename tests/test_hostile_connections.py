@@ -172,17 +172,76 @@ def _attack(daemon: Daemon, attackers: Attackers, seconds: float) -> list[float]
 def test_a_connection_flood_does_not_lock_out_a_healthy_client(
     tmp_path: Path, opening: bytes
 ) -> None:
-    with _served(tmp_path, "--header-timeout", str(HEADER_TIMEOUT)) as daemon:
+    ticker = "import time\nwhile True:\n    print(time.time(), flush=True)\n    time.sleep(0.05)"
+    arrivals: list[float] = []
+    with (
+        _served(tmp_path, "--header-timeout", str(HEADER_TIMEOUT)) as daemon,
+        Sandbox.create(url=daemon.url, token=daemon.token) as sbx,
+    ):
+        # A live stream, attached before the attack: its lines must keep coming.
+        handle = sbx.commands.run(
+            f"{sys.executable} -c '{ticker}'",
+            background=True,
+            on_stdout=lambda _: arrivals.append(time.monotonic()),
+        )
+        deadline = time.monotonic() + 10
+        while len(arrivals) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)  # sleep-ok: poll interval
+        start = time.monotonic()
         attackers = Attackers(daemon, 2 * FD_LIMIT, opening)
         latencies = _attack(daemon, attackers, 3 * HEADER_TIMEOUT)
+        end = time.monotonic()
         assert latencies, "no /health got through"
         assert attackers.closed_by_daemon > FD_LIMIT
         # The pressure over, the daemon serves as before.
         assert _health(daemon) < 5.0
+        handle.kill()
+    during = [t for t in arrivals if start <= t <= end]
+    assert during, "the live stream delivered nothing during the attack"
+    gaps = [b - a for a, b in zip([start, *during], [*during, end], strict=True)]
     print(
-        f"{opening!r}: {len(latencies)} /health, max {max(latencies) * 1000:.0f} ms, "
+        f"{opening!r}: {len(latencies)} /health, max {max(latencies) * 1000:.0f} ms; "
+        f"live stream: {len(during)} lines, longest gap {max(gaps) * 1000:.0f} ms; "
         f"{attackers.closed_by_daemon} attacker connections shed or timed out"
     )
+
+
+@pytest.mark.timeout(60)
+def test_at_the_cap_idle_unauthenticated_connections_are_shed_and_authenticated_kept(
+    tmp_path: Path,
+) -> None:
+    cap = 50
+    args = ("--max-connections", str(cap), "--keepalive-timeout", "30", "--header-timeout", "30")
+    with _served(tmp_path, *args, fd_limit=4096) as daemon:
+        request = (
+            f"GET /health HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {daemon.token}\r\n\r\n"
+        ).encode()
+
+        def ask(sock: socket.socket) -> bytes:
+            sock.sendall(request)
+            answer = b""
+            while b"}" not in answer:
+                data = sock.recv(4096)
+                if not data:
+                    break
+                answer += data
+            return answer
+
+        with socket.create_connection((daemon.host, daemon.port), timeout=10) as kept:
+            assert ask(kept).startswith(b"HTTP/1.1 200")
+            # Now idle, authenticated; then 4x the cap of silent connections arrive.
+            attackers = Attackers(daemon, 4 * cap)
+            try:
+                attackers.top_up()
+                assert _health(daemon) < 5.0
+                deadline = time.monotonic() + 10
+                while attackers.closed_by_daemon < 3 * cap and time.monotonic() < deadline:
+                    attackers.top_up()
+                assert attackers.closed_by_daemon >= 3 * cap, attackers.closed_by_daemon
+                # The authenticated connection was kept: it carries another request.
+                assert ask(kept).startswith(b"HTTP/1.1 200")
+            finally:
+                attackers.close()
 
 
 @pytest.mark.timeout(60)

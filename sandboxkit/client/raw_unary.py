@@ -152,6 +152,7 @@ class _Connection(asyncio.Protocol):
         self._chunks: ChunkedBody | None = None
         self._body = bytearray()
         self._scanned = 0  # bytes of _buffer searched for the end of the head
+        self._timer: asyncio.TimerHandle | None = None
 
     # -- the event loop's side -------------------------------------------------------
 
@@ -286,19 +287,20 @@ class _Connection(asyncio.Protocol):
         waiter: asyncio.Future[RawResponse] = loop.create_future()
         self._waiter = waiter
         transport.write(data)
-        timer = None if timeout is None else loop.call_later(timeout, self._time_out, timeout)
+        # One timer per request: at PROBE_AFTER it starts the check and sleeps on to the
+        # timeout (most requests end before either).
         checks: list[asyncio.Task[None]] = []
-        check = None
         if probe is not None and (timeout is None or timeout > PROBE_AFTER):
-            check = loop.call_later(PROBE_AFTER, self._check_alive, probe, checks)
+            self._timer = loop.call_later(PROBE_AFTER, self._check_alive, probe, checks, timeout)
+        elif timeout is not None:
+            self._timer = loop.call_later(timeout, self._time_out, timeout)
         try:
             return await waiter
         finally:
             self._waiter = None
-            if timer is not None:
-                timer.cancel()
-            if check is not None:
-                check.cancel()
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
             for task in checks:  # owned: never outlives the request
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
@@ -307,11 +309,18 @@ class _Connection(asyncio.Protocol):
                 self.close()
 
     def _check_alive(
-        self, probe: Callable[[], Awaitable[bool]], checks: list[asyncio.Task[None]]
+        self,
+        probe: Callable[[], Awaitable[bool]],
+        checks: list[asyncio.Task[None]],
+        timeout: float | None,
     ) -> None:
+        self._timer = None
         waiter = self._waiter
         if waiter is None or waiter.done():
             return
+        loop = asyncio.get_running_loop()
+        if timeout is not None:
+            self._timer = loop.call_later(timeout - PROBE_AFTER, self._time_out, timeout)
 
         async def check() -> None:
             if not await probe() and not waiter.done():
@@ -319,9 +328,10 @@ class _Connection(asyncio.Protocol):
                     _Hung(f"no answer to a health check within {PROBE_TIMEOUT:g} s")
                 )
 
-        checks.append(asyncio.get_running_loop().create_task(check()))
+        checks.append(loop.create_task(check()))
 
     def _time_out(self, timeout: float) -> None:
+        self._timer = None
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_exception(TimeoutError(f"no whole response within {timeout:g} s"))

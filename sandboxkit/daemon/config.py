@@ -135,8 +135,8 @@ class DaemonConfig:
     """A request body that pauses this long is abandoned and its connection closed."""
     max_connections: int = 4096
     """Connections the daemon keeps open. Past it (or within ``fd_reserve`` of the
-    file-descriptor limit) idle connections are closed, unauthenticated ones first; a
-    newcomer finding none idle is answered 503 ``resource_exhausted``."""
+    file-descriptor limit) idle connections that never presented the token are closed; a
+    newcomer finding none is answered 503 ``resource_exhausted``."""
     fd_reserve: int = 256
     """File descriptors (at most a quarter of the limit) that idle connections may not
     take: processes and files use them. A process start refused once half of it is gone

@@ -20,11 +20,13 @@ timers (``stall_timeout``, the keepalive frames) look after it.
 
 :class:`ConnectionGuard` counts connections. When a new one takes the count past
 ``max_connections``, or its descriptor number reaches the file-descriptor budget's
-``shed_at`` (:mod:`sandboxkit.daemon.fds`), idle connections are closed to make room,
-oldest first: those that never presented the token before those that did (which a client
-reopens at no cost). Only when nothing is idle is the newcomer itself refused: answered
-``503 resource_exhausted`` and closed. An authenticated client therefore gets through
-any number of idle or half-open connections.
+``shed_at`` (:mod:`sandboxkit.daemon.fds`), idle connections that never presented the
+token are closed to make room, oldest first. Only when none is left is the newcomer
+itself refused: answered ``503 resource_exhausted`` and closed. An authenticated client
+therefore gets through any number of idle or half-open connections. Authenticated idle
+connections are not shed: their client may be writing a request to one right now (one
+it could not safely resend), and it could do anything it likes anyway; they go by their
+keep-alive deadline.
 """
 
 from __future__ import annotations
@@ -79,8 +81,9 @@ class ConnectionGuard:
         return False
 
     def admit(self, conn: Any, transport: asyncio.Transport) -> bool:
-        """Count a new connection, shedding idle ones if it takes the daemon past its
-        cap or into its descriptor reserve; ``False``: it was refused (answered 503)."""
+        """Count a new connection, shedding idle unauthenticated ones if it takes the
+        daemon past its cap or into its descriptor reserve; ``False``: it was refused
+        (answered 503)."""
         self.connections[conn] = None
         sock = transport.get_extra_info("socket")
         fd = sock.fileno() if sock is not None else -1
@@ -103,15 +106,18 @@ class ConnectionGuard:
         self.connections.pop(conn, None)
 
     def _shed(self, newcomer: Any, want: int) -> int:
+        # Only connections that never presented the token: an authenticated client could
+        # do anything it likes anyway, and its idle connection may be the one it is
+        # writing a request to right now (a POST the client could not safely resend).
+        # Those go by their keep-alive deadline.
         shed = 0
-        for authenticated in (False, True):
-            for conn in list(self.connections):
-                if shed >= want:
-                    return shed
-                if conn is newcomer or conn.sk_authenticated is not authenticated:
-                    continue
-                if conn.sk_idle() and conn.sk_close():
-                    shed += 1
+        for conn in list(self.connections):
+            if shed >= want:
+                break
+            if conn is newcomer or conn.sk_authenticated:
+                continue
+            if conn.sk_idle() and conn.sk_close():
+                shed += 1
         self.shed += shed
         return shed
 
@@ -157,6 +163,9 @@ def guarded_protocol(
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._sk_disarm()
+            if self._sk_timer is not None:
+                self._sk_timer.cancel()
+                self._sk_timer = None
             guard.forget(self)
             super().connection_lost(exc)
 
@@ -201,18 +210,35 @@ def guarded_protocol(
             else:
                 self._sk_disarm()
 
+        # One timer per connection that, when it fires, looks at the deadline and sleeps
+        # on if it moved later: a request costs two attribute stores, not a timer
+        # cancelled and made anew.
+        _sk_deadline: float | None = None
+
         def _sk_arm(self, seconds: float) -> None:
-            if self._sk_timer is not None:
-                self._sk_timer.cancel()
-            self._sk_timer = asyncio.get_running_loop().call_later(seconds, self._sk_expire)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + seconds
+            self._sk_deadline = deadline
+            timer = self._sk_timer
+            if timer is not None and timer.when() <= deadline:
+                return  # fires first, then sleeps on to the deadline
+            if timer is not None:
+                timer.cancel()
+            self._sk_timer = loop.call_at(deadline, self._sk_expire)
 
         def _sk_disarm(self) -> None:
-            if self._sk_timer is not None:
-                self._sk_timer.cancel()
-                self._sk_timer = None
+            self._sk_deadline = None
 
         def _sk_expire(self) -> None:
             self._sk_timer = None
+            deadline = self._sk_deadline
+            if deadline is None:
+                return
+            loop = asyncio.get_running_loop()
+            if loop.time() < deadline:
+                self._sk_timer = loop.call_at(deadline, self._sk_expire)
+                return
+            self._sk_deadline = None
             if self.sk_close():
                 guard.timed_out += 1
 

@@ -27,6 +27,7 @@ from sandboxkit.errors import (
     OutputGap,
     PayloadTooLarge,
     ProcessNotFound,
+    ResourceExhausted,
     ResultUnavailable,
     SandboxClosed,
     SandboxkitError,
@@ -110,6 +111,7 @@ _CODES: list[tuple[type[SandboxkitError], str]] = [
     (SandboxClosed, "failed_precondition"),
     (StdinSeqMismatch, "failed_precondition"),
     (StdinBusy, "resource_exhausted"),  # -> RateLimitException: retry later, as it says
+    (ResourceExhausted, "resource_exhausted"),  # out of descriptors: retry later too
     (ConsumerKicked, "aborted"),  # -> SandboxException: reconnect with connect(pid)
     (OutputGap, "data_loss"),
     (StreamStalled, "deadline_exceeded"),  # -> TimeoutException
