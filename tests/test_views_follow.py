@@ -20,6 +20,7 @@ from support import poll
 from sandboxkit import AsyncSandbox, Sandbox
 from sandboxkit.client.stream import GapInfo
 from sandboxkit.daemon.config import DaemonConfig
+from sandboxkit.daemon.server import DaemonServer
 from sandboxkit.errors import OutputGapWarning
 from sandboxkit.lab_options import LabCursorIgnored, LabOptions
 from sandboxkit.notebook import ProcessPanel
@@ -231,3 +232,39 @@ async def test_the_dashboard_follows_pause_resume_and_kill_by_others_within_1s(
         await title_says("killed")
     finally:
         await dash.aclose()
+
+
+# -- the e2b SDK, through the envd endpoint ------------------------------------------------
+
+
+def test_an_e2b_reader_after_eviction_gets_a_gap_line_on_stderr() -> None:
+    """envd has no gap event: the SDK's reader gets a line where the output was lost, on
+    stderr (its ``on_stderr`` and ``result.stderr``), with the exact count — not the rest
+    of the output as if it were whole, exit 0 and no word (issue 20)."""
+    from e2b import Sandbox as E2BSandbox
+
+    server = DaemonServer(fast_config(retention_bytes=64 * 1024), envd_port=0).start()
+    try:
+        assert server.envd is not None
+        e2b = E2BSandbox.create(debug=True, sandbox_url=server.envd.url)
+        writer = "for i in range(4000): print(f'line {i:06d}' + 'x' * 80)"
+        done = e2b.commands.run(f'{sys.executable} -c "{writer}"', background=True)
+        assert done.wait().exit_code == 0
+        err: list[str] = []
+        again = e2b.commands.connect(done.pid).wait(on_stderr=err.append)
+        sbx = Sandbox.connect(
+            next(s.sandbox_id for s in Sandbox.list(**_conn(server))), **_conn(server)
+        )
+        info = sbx.commands.get(done.pid)
+        sbx.close()
+        lost = info.raw["evicted_bytes"]
+        assert lost > 0
+        line = f"[sandboxkit: {lost} bytes of output lost here (cursor 0–{info.raw['first_seq']})]"
+        assert line in again.stderr and line in "".join(err), again.stderr[:300]
+        assert len(again.stdout.encode()) + lost == info.raw["total_bytes"]
+    finally:
+        server.stop()
+
+
+def _conn(server: DaemonServer) -> dict[str, Any]:
+    return {"url": server.url, "token": server.token}
