@@ -7,6 +7,7 @@ both get a gap of the exact size."""
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 import time
 import warnings
@@ -268,3 +269,55 @@ def test_an_e2b_reader_after_eviction_gets_a_gap_line_on_stderr() -> None:
 
 def _conn(server: DaemonServer) -> dict[str, Any]:
     return {"url": server.url, "token": server.token}
+
+
+def test_a_lab_panel_that_reattaches_shows_the_ignored_cursor_as_an_exact_gap(
+    conn: dict[str, Any],
+) -> None:
+    """Notebooks 02/04: under the ``blocking`` lab policy (new output only, as E2B) a
+    Reattach resumes where the shared loop is. The panel shows the skipped output as a
+    marker of its exact size, in its own terminal — no ``LabCursorIgnored`` warning that
+    would land under another cell (issue 20)."""
+    full = "".join(f"{i}\n" for i in range(10**6))
+    with Sandbox.create(lab=LabOptions(fanout="blocking"), **conn) as sbx:
+        pid = sbx.commands.run(COUNTER, background=True).pid
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a warning would land in the kernel's stderr
+            panel = ProcessPanel(sbx, pid)
+            try:
+                wait_until(lambda: panel.line_count >= 20, timeout=10, what="output")
+                panel.on_detach()
+                before = panel.state.bytes_received
+                head = sbx.commands.get(pid).head
+                wait_until(
+                    lambda: sbx.commands.get(pid).head > head + 20, 10, what="output meanwhile"
+                )
+                panel.on_reattach()
+                count = panel.line_count
+                wait_until(
+                    lambda: panel.line_count > count + 5, 10, what="output after reattaching"
+                )
+            finally:
+                panel.close()
+    tail = panel.state.tail().decode()
+    match = re.search(
+        r"… (\d+) bytes lost: not replayed: the sandbox's lab fan-out delivers new output "
+        r"only \(cursor (\d+)–(\d+)\)",
+        tail,
+    )
+    assert match, tail[-500:]
+    lost, a, b = map(int, match.groups())
+    assert a < b and lost > 0
+    # Exact: the panel received full[start : start + before] before detaching (the lab
+    # started it at the head, not at 0); after the marker it shows the output from
+    # `start + before + lost` on, byte for byte.
+    first = panel.lines[0]
+    start = 0 if first == "0" else full.index(f"\n{first}\n") + 1
+    after = tail[match.end() :].split("\n", 1)[1]  # the rest of the marker's line
+    after = re.sub(r"\x1b\[[0-9;]*m", "", after).replace("\r", "")
+    assert len(after) > 10 and full[start + before + lost :].startswith(after), (
+        start,
+        before,
+        lost,
+        after[:80],
+    )
