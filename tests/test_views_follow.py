@@ -321,3 +321,29 @@ def test_a_lab_panel_that_reattaches_shows_the_ignored_cursor_as_an_exact_gap(
         lost,
         after[:80],
     )
+
+
+def test_the_panel_follows_a_restart_made_elsewhere_within_1s(conn: dict[str, Any]) -> None:
+    """Someone else restarts the panel's process (code, another notebook): the panel
+    says so and follows the new pid, as after its own Kill-restart — not a process that
+    merely "exited"."""
+    with Sandbox.create(**conn) as sbx:
+        pid = sbx.commands.run(COUNTER, background=True).pid
+        panel = ProcessPanel(sbx, pid)
+        other = Sandbox.connect(sbx.sandbox_id, **conn)
+        try:
+            wait_until(lambda: panel.line_count >= 10, timeout=10, what="output")
+            new = other.commands.restart(pid).pid
+            started = time.monotonic()
+
+            def follows() -> bool:
+                panel.flush()
+                snap = panel.state.snapshot()
+                return snap.pid == new and snap.shown_state == "running" and snap.line_count > 0
+
+            wait_until(follows, timeout=5, what="the new pid followed")
+            assert time.monotonic() - started < 1.0
+            assert f"now following pid {new}" in panel.state.tail().decode()
+        finally:
+            other.close()
+            panel.close()
