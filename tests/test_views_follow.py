@@ -24,7 +24,7 @@ from sandboxkit.daemon.config import DaemonConfig
 from sandboxkit.daemon.server import DaemonServer
 from sandboxkit.errors import OutputGapWarning
 from sandboxkit.lab_options import LabCursorIgnored, LabOptions
-from sandboxkit.notebook import ProcessPanel
+from sandboxkit.notebook import LifecycleTimeline, ProcessPanel
 from sandboxkit.notebook.dashboard import SandboxDashboard
 
 # Numbered lines, a few hundred a second, until killed: output always flows.
@@ -347,3 +347,29 @@ def test_the_panel_follows_a_restart_made_elsewhere_within_1s(conn: dict[str, An
         finally:
             other.close()
             panel.close()
+
+
+async def test_the_timeline_shows_pauses_by_others_within_1s(conn: dict[str, Any]) -> None:
+    """The timeline (inside a kernel: a running loop) draws a pause and its end within a
+    second of the action, whoever made it, three times in a row."""
+    async with await AsyncSandbox.create(**conn) as sbx:
+        timeline = LifecycleTimeline(sbx)  # its defaults
+        other = await AsyncSandbox.connect(sbx.sandbox_id, **conn)
+        try:
+            await poll(lambda: timeline.polls > 0, 5, "the first poll")
+            for n in range(1, 4):
+                await other.pause()
+                await poll(
+                    lambda n=n: (
+                        len(timeline.pause_spans) == n and timeline.pause_spans[-1][1] is None
+                    ),
+                    1.0,
+                    f"pause {n} on the timeline within 1 s",
+                )
+                await other.resume()
+                await poll(
+                    lambda: timeline.pause_spans[-1][1] is not None, 1.0, "its end within 1 s"
+                )
+        finally:
+            await other.close()
+            await timeline.aclose()
