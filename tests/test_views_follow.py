@@ -227,8 +227,11 @@ async def test_the_dashboard_follows_pause_resume_and_kill_by_others_within_1s(
         await title_says("running")
         await other.pause()
         await title_says("paused")
+        # The line under the tables tells the last change, not this dashboard's last action.
+        assert dash.status.value == f"sandbox {sbx.sandbox_id} paused", dash.status.value
         await other.resume()
         await title_says("running")
+        assert dash.status.value == f"sandbox {sbx.sandbox_id} resumed", dash.status.value
         await other.kill()
         await title_says("killed")
     finally:
