@@ -73,4 +73,9 @@ class LabOptions(Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=
 class LabCursorIgnored(UserWarning):
     """A stream was attached with a cursor the sandbox's lab fan-out policy cannot honour:
     ``blocking`` and ``kick`` deliver new output only, as the designs they reproduce did.
-    The stream started where the policy put it (its start frame's ``cursor``)."""
+    The stream started where the policy put it (its start frame's ``cursor``).
+
+    No longer raised: the daemon now sends such a stream a gap of the exact size it
+    skipped (reason ``not_replayed``), which every reader handles as any gap — a marker in
+    the panel, ``on_gap``, or an :class:`~sandboxkit.errors.OutputGapWarning`. Kept so
+    that code which filters it still imports."""

@@ -4,8 +4,14 @@ A notebook shows a ``ProcessPanel`` on a ticking process and a ``SandboxDashboar
 same sandbox. The sandbox is paused and resumed from the dashboard (a click in the page),
 from code (another Python client) and from the command line (``sandboxkit pause ID`` /
 ``resume``); each time the panel's status text, as the page shows it, and the dashboard's
-title say the new state within 1 s of the action's end. Screenshots of each step go to
-``browser-shots/<test name>/`` under pytest's temporary directory (or
+title say the new state within 1 s of the action's end.
+
+A lab notebook (the ``blocking`` policy of notebooks 02/04) detaches and reattaches its
+panel: the output it skipped shows as a marker of its size in the panel's own terminal,
+and no warning box lands under another cell; a flood under a rate cap shows its skip
+marker in the status line's cursor unit.
+
+Screenshots go to ``browser-shots/<test name>/`` under pytest's temporary directory (or
 ``$SANDBOXKIT_SCREENSHOT_DIR``).
 """
 
@@ -75,6 +81,38 @@ display(panel, dashboard.widget)
 '''
 
 
+LAB = '''\
+import sys
+from sandboxkit import Sandbox
+from sandboxkit.lab_options import LabOptions
+from sandboxkit.notebook import ProcessPanel
+
+# Notebooks 02/04: the blocking policy, which (as E2B) delivers new output only.
+lab = Sandbox.create(timeout=600, lab=LabOptions(fanout="blocking"))
+COUNTER = """
+import time
+for i in range(10**6):
+    print(f"line {i}", flush=True)
+    time.sleep(0.02)  # sleep-ok: the child process's pace
+"""
+counter = lab.commands.run([sys.executable, "-u", "-c", COUNTER], background=True)
+counter.disconnect()
+lab_panel = ProcessPanel(lab, counter.pid, rows=8)
+lab_panel
+'''
+
+FLOOD = """\
+# Lines of ~110 bytes: the last flush's ~1 kB (the cap's share) and its marker fit in view.
+FLOOD = "for i in range(100000): print(f'flood {i:06d} ' + 'x' * 96)"
+flood = lab.commands.run([sys.executable, "-c", FLOOD], background=True)
+flood.disconnect()
+flood_panel = ProcessPanel(lab, flood.pid, rows=12, rate_cap=10 * 1024)
+flood_panel
+"""
+
+UNRELATED = 'print("an unrelated cell")'
+
+
 @pytest.fixture(autouse=True)
 def no_leaked_processes() -> Iterator[None]:
     """The module's server, kernel and browser are checked for leftovers by ``page``."""
@@ -90,15 +128,27 @@ class Notebook:
 
 @pytest.fixture
 def notebook(tmp_path: Path) -> Iterator[Notebook]:
-    """The notebook, run, in chromium; at the end everything it started is ended and the
-    test fails if anything is left running."""
+    """The notebook of the pause/resume test, run, in chromium."""
+    yield from _notebook(tmp_path, [SETUP], f"{DASHBOARD} button")
+
+
+@pytest.fixture
+def lab_notebook(tmp_path: Path) -> Iterator[Notebook]:
+    """A lab notebook: the blocking policy's panel, a flood under a rate cap, and an
+    unrelated cell after them."""
+    yield from _notebook(tmp_path, [LAB, FLOOD, UNRELATED], f"{PANEL} .xterm-rows")
+
+
+def _notebook(tmp_path: Path, cells: list[str], ready: str) -> Iterator[Notebook]:
+    """``cells``, run, in chromium, once ``ready`` shows; at the end everything it
+    started is ended and the test fails if anything is left running."""
     _require_browser_stack()
     from playwright.sync_api import sync_playwright
 
     before = snapshot_pids()
     state_file = tmp_path / "sandboxkit" / "daemon.json"
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(SETUP)]
+    nb.cells = [nbformat.v4.new_code_cell(cell) for cell in cells]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
     nbformat.write(nb, tmp_path / NOTEBOOK)
     server = JupyterLab(
@@ -132,7 +182,7 @@ def notebook(tmp_path: Path) -> Iterator[Notebook]:
                     ".lm-Menu-item:not(.lm-mod-hidden) .lm-Menu-itemLabel",
                     has_text="Run All Cells",
                 ).first.click()
-                page.locator(f"{DASHBOARD} button", has_text="Pause").wait_for(timeout=60_000)
+                page.locator(ready).first.wait_for(timeout=60_000)
                 yield Notebook(page, state_file)
             finally:
                 tracked += [p for p in descendants(os.getpid()) if p.pid != os.getpid()]
@@ -246,3 +296,91 @@ def test_pause_and_resume_from_anywhere_show_in_the_panel_within_1s(
     finally:
         code.close()
     print(f"\nseconds from each action to the page showing it: {took}")
+
+
+def rows_of(page: Page, n: int) -> list[str]:
+    rows = page.locator(PANEL).nth(n).locator(".xterm-rows > div").all_inner_texts()
+    return [r.replace("\u00a0", " ") for r in rows]
+
+
+def wait_rows(page: Page, n: int, pattern: str, seconds: float) -> list[str]:
+    deadline = time.monotonic() + seconds
+    while True:
+        rows = rows_of(page, n)
+        if any(re.search(pattern, r) for r in rows):
+            return rows
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no row matches {pattern!r} within {seconds:g} s: {rows}")
+        page.wait_for_timeout(50)  # sleep-ok: a poll of the page with a deadline
+
+
+def panel_status_n(page: Page, n: int) -> str:
+    return str(page.locator(f"{PANEL} {STATUS}").nth(n).inner_text())
+
+
+def wait_status_text(page: Page, n: int, text: str, seconds: float) -> str:
+    deadline = time.monotonic() + seconds
+    while True:
+        status = panel_status_n(page, n)
+        if text in status:
+            return status
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{text!r} not in the status within {seconds:g} s: {status!r}")
+        page.wait_for_timeout(20)  # sleep-ok: a poll of the page with a deadline
+
+
+def _number(pattern: str, text: str) -> int:
+    match = re.search(pattern, text)
+    assert match, (pattern, text)
+    return int(match.group(1))
+
+
+@pytest.mark.timeout(240)
+def test_lab_loss_is_a_marker_in_the_panel_in_the_status_lines_units(
+    lab_notebook: Notebook, request: pytest.FixtureRequest
+) -> None:
+    """Notebooks 02/04: a Reattach under the blocking policy skips output; the panel says
+    so with a marker of the exact size in its own terminal, and no warning box lands
+    under another cell. The rate cap's skip marker counts cursors as the status line
+    does (chunk numbers), not byte offsets."""
+    page, state_file = lab_notebook.page, lab_notebook.state_file
+    state = read_state(state_file)
+    assert state is not None
+    try:
+        wait_rows(page, 0, r"line \d+", 30)
+        panel = page.locator(PANEL).first
+        panel.locator("button", has_text="Detach").click()
+        wait_status_text(page, 0, "detached", 10)
+        (sbx_info,) = Sandbox.list(url=state.url, token=state.token)
+        lab = Sandbox.connect(sbx_info.sandbox_id, url=state.url, token=state.token)
+        try:
+            pid = _number(r"pid (\d+)", panel_status_n(page, 0))
+            head = lab.commands.get(pid).head
+            deadline = time.monotonic() + 10
+            while lab.commands.get(pid).head < head + 20:  # output the panel does not read
+                assert time.monotonic() < deadline, "no output while detached"
+                page.wait_for_timeout(50)  # sleep-ok: a poll of the daemon with a deadline
+        finally:
+            lab.close()
+        panel.locator("button", has_text="Reattach").click()
+        rows = wait_rows(page, 0, r"bytes lost: not replayed", 10)
+        marker = next(r for r in rows if "bytes lost" in r)
+        assert re.search(r"… \d+ bytes lost: not replayed: .* \(cursor \d+–\d+\)", marker), marker
+        boxes = page.locator(
+            ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"
+        )
+        assert boxes.count() == 0, boxes.all_inner_texts()
+        # The flood's skip marker: cursor numbers no larger than the status line's cursor.
+        rows = wait_rows(page, 1, r"bytes skipped \(cursor \d+–\d+\)", 60)
+        status = panel_status_n(page, 1)
+        cursor = _number(r"cursor (\d+)", status)
+        for row in rows:
+            if (m := re.search(r"bytes skipped \(cursor (\d+)–(\d+)\)", row)) is not None:
+                a, b = int(m.group(1)), int(m.group(2))
+                assert a < b <= cursor, (row, status)
+        print(f"\nlab marker: {marker!r}; flood status: {status!r}")
+        panel.scroll_into_view_if_needed()
+        _shot(page, request, "lab-markers.png")
+    except BaseException:
+        _shot(page, request, "failure.png")
+        raise

@@ -7,6 +7,7 @@ both get a gap of the exact size."""
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 import time
 import warnings
@@ -20,9 +21,10 @@ from support import poll
 from sandboxkit import AsyncSandbox, Sandbox
 from sandboxkit.client.stream import GapInfo
 from sandboxkit.daemon.config import DaemonConfig
+from sandboxkit.daemon.server import DaemonServer
 from sandboxkit.errors import OutputGapWarning
 from sandboxkit.lab_options import LabCursorIgnored, LabOptions
-from sandboxkit.notebook import ProcessPanel
+from sandboxkit.notebook import LifecycleTimeline, ProcessPanel
 from sandboxkit.notebook.dashboard import SandboxDashboard
 
 # Numbered lines, a few hundred a second, until killed: output always flows.
@@ -225,9 +227,152 @@ async def test_the_dashboard_follows_pause_resume_and_kill_by_others_within_1s(
         await title_says("running")
         await other.pause()
         await title_says("paused")
+        # The line under the tables tells the last change, not this dashboard's last action.
+        assert dash.status.value == f"sandbox {sbx.sandbox_id} paused", dash.status.value
         await other.resume()
         await title_says("running")
+        assert dash.status.value == f"sandbox {sbx.sandbox_id} resumed", dash.status.value
         await other.kill()
         await title_says("killed")
     finally:
         await dash.aclose()
+
+
+# -- the e2b SDK, through the envd endpoint ------------------------------------------------
+
+
+def test_an_e2b_reader_after_eviction_gets_a_gap_line_on_stderr() -> None:
+    """envd has no gap event: the SDK's reader gets a line where the output was lost, on
+    stderr (its ``on_stderr`` and ``result.stderr``), with the exact count — not the rest
+    of the output as if it were whole, exit 0 and no word (issue 20)."""
+    from e2b import Sandbox as E2BSandbox
+
+    server = DaemonServer(fast_config(retention_bytes=64 * 1024), envd_port=0).start()
+    try:
+        assert server.envd is not None
+        e2b = E2BSandbox.create(debug=True, sandbox_url=server.envd.url)
+        writer = "for i in range(4000): print(f'line {i:06d}' + 'x' * 80)"
+        done = e2b.commands.run(f'{sys.executable} -c "{writer}"', background=True)
+        assert done.wait().exit_code == 0
+        err: list[str] = []
+        again = e2b.commands.connect(done.pid).wait(on_stderr=err.append)
+        sbx = Sandbox.connect(
+            next(s.sandbox_id for s in Sandbox.list(**_conn(server))), **_conn(server)
+        )
+        info = sbx.commands.get(done.pid)
+        sbx.close()
+        lost = info.raw["evicted_bytes"]
+        assert lost > 0
+        line = f"[sandboxkit: {lost} bytes of output lost here (cursor 0–{info.raw['first_seq']})]"
+        assert line in again.stderr and line in "".join(err), again.stderr[:300]
+        assert len(again.stdout.encode()) + lost == info.raw["total_bytes"]
+    finally:
+        server.stop()
+
+
+def _conn(server: DaemonServer) -> dict[str, Any]:
+    return {"url": server.url, "token": server.token}
+
+
+def test_a_lab_panel_that_reattaches_shows_the_ignored_cursor_as_an_exact_gap(
+    conn: dict[str, Any],
+) -> None:
+    """Notebooks 02/04: under the ``blocking`` lab policy (new output only, as E2B) a
+    Reattach resumes where the shared loop is. The panel shows the skipped output as a
+    marker of its exact size, in its own terminal — no ``LabCursorIgnored`` warning that
+    would land under another cell (issue 20)."""
+    full = "".join(f"{i}\n" for i in range(10**6))
+    with Sandbox.create(lab=LabOptions(fanout="blocking"), **conn) as sbx:
+        pid = sbx.commands.run(COUNTER, background=True).pid
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a warning would land in the kernel's stderr
+            panel = ProcessPanel(sbx, pid)
+            try:
+                wait_until(lambda: panel.line_count >= 20, timeout=10, what="output")
+                panel.on_detach()
+                before = panel.state.bytes_received
+                head = sbx.commands.get(pid).head
+                wait_until(
+                    lambda: sbx.commands.get(pid).head > head + 20, 10, what="output meanwhile"
+                )
+                panel.on_reattach()
+                count = panel.line_count
+                wait_until(
+                    lambda: panel.line_count > count + 5, 10, what="output after reattaching"
+                )
+            finally:
+                panel.close()
+    tail = panel.state.tail().decode()
+    match = re.search(
+        r"… (\d+) bytes lost: not replayed: the sandbox's lab fan-out delivers new output "
+        r"only \(cursor (\d+)–(\d+)\)",
+        tail,
+    )
+    assert match, tail[-500:]
+    lost, a, b = map(int, match.groups())
+    assert a < b and lost > 0
+    # Exact: the panel received full[start : start + before] before detaching (the lab
+    # started it at the head, not at 0); after the marker it shows the output from
+    # `start + before + lost` on, byte for byte.
+    first = panel.lines[0]
+    start = 0 if first == "0" else full.index(f"\n{first}\n") + 1
+    after = tail[match.end() :].split("\n", 1)[1]  # the rest of the marker's line
+    after = re.sub(r"\x1b\[[0-9;]*m", "", after).replace("\r", "")
+    assert len(after) > 10 and full[start + before + lost :].startswith(after), (
+        start,
+        before,
+        lost,
+        after[:80],
+    )
+
+
+def test_the_panel_follows_a_restart_made_elsewhere_within_1s(conn: dict[str, Any]) -> None:
+    """Someone else restarts the panel's process (code, another notebook): the panel
+    says so and follows the new pid, as after its own Kill-restart — not a process that
+    merely "exited"."""
+    with Sandbox.create(**conn) as sbx:
+        pid = sbx.commands.run(COUNTER, background=True).pid
+        panel = ProcessPanel(sbx, pid)
+        other = Sandbox.connect(sbx.sandbox_id, **conn)
+        try:
+            wait_until(lambda: panel.line_count >= 10, timeout=10, what="output")
+            new = other.commands.restart(pid).pid
+            started = time.monotonic()
+
+            def follows() -> bool:
+                panel.flush()
+                snap = panel.state.snapshot()
+                return snap.pid == new and snap.shown_state == "running" and snap.line_count > 0
+
+            wait_until(follows, timeout=5, what="the new pid followed")
+            assert time.monotonic() - started < 1.0
+            assert f"now following pid {new}" in panel.state.tail().decode()
+        finally:
+            other.close()
+            panel.close()
+
+
+async def test_the_timeline_shows_pauses_by_others_within_1s(conn: dict[str, Any]) -> None:
+    """The timeline (inside a kernel: a running loop) draws a pause and its end within a
+    second of the action, whoever made it, three times in a row."""
+    async with await AsyncSandbox.create(**conn) as sbx:
+        timeline = LifecycleTimeline(sbx)  # its defaults
+        other = await AsyncSandbox.connect(sbx.sandbox_id, **conn)
+        try:
+            await poll(lambda: timeline.polls > 0, 5, "the first poll")
+            for n in range(1, 4):
+                await other.pause()
+                await poll(
+                    lambda n=n: (
+                        len(timeline.pause_spans) == n and timeline.pause_spans[-1][1] is None
+                    ),
+                    1.0,
+                    f"pause {n} on the timeline within 1 s",
+                )
+                await other.resume()
+                await poll(
+                    lambda: timeline.pause_spans[-1][1] is not None, 1.0, "its end within 1 s"
+                )
+        finally:
+            await other.close()
+            await timeline.aclose()

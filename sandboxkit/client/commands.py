@@ -488,10 +488,12 @@ class AsyncCommands:
         retained output). An unknown or evicted pid raises ResultUnavailable here, before
         a handle exists. Callbacks, gaps and ``keep_output`` (default: the newest 8 MiB)
         and ``on_end`` as in :meth:`run`; ``role`` labels this reader in the consumer
-        metrics (default ``sdk``). In a fault-lab sandbox whose fan-out is ``blocking`` or
+        metrics (default ``sdk``). Without a cursor, output evicted before this reader
+        started is a gap (``on_gap``, or the default warning and marker), never a silent
+        start at what is left. In a fault-lab sandbox whose fan-out is ``blocking`` or
         ``kick`` the cursor cannot be honoured (those designs deliver new output only):
-        the stream starts where the policy is and a
-        :class:`~sandboxkit.lab_options.LabCursorIgnored` warning says so."""
+        the stream starts where the policy is, and what it skipped is a gap of its exact
+        size (``GapInfo.reason == "not_replayed"``)."""
         self._owner.check()
         _check_cursor_type(cursor)
         process = await self._prepare_follow(pid)

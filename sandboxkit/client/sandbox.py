@@ -132,7 +132,8 @@ class AsyncSandbox:
         ``lab=LabOptions(...)`` (:mod:`sandboxkit.lab_options`) makes it a fault-lab
         sandbox: ``fanout`` ``blocking``/``kick`` (the shipped designs behind F1/F2;
         they deliver new output only, so a ``connect(pid, cursor=...)`` starts at the
-        policy's position instead and the daemon records ``consumer.cursor_ignored``),
+        policy's position instead, what it skipped comes as a gap of its exact size and the
+        daemon records ``consumer.cursor_ignored``),
         ``kick_grace``, ``queue``, and ``pause_ghosts``: streams open at a pause become
         ghosts on resume (F1). Without it: ``cursor`` fan-out, no ghosts.
 

@@ -141,6 +141,21 @@ def _command(info: ProcessInfo) -> str:
     return text if len(text) <= _COMMAND_WIDTH else text[: _COMMAND_WIDTH - 1] + "…"
 
 
+def _said(events: list[dict[str, Any]], selected: str | None) -> str | None:
+    """The newest lifecycle change of the ``selected`` sandbox among ``events``, in
+    words (``sandbox sbx-… paused (timeout)``), or ``None``."""
+    for event in reversed(events):
+        kind = str(event.get("kind", ""))
+        if event.get("sandbox_id") != selected or not kind.startswith("sandbox."):
+            continue
+        if kind == "sandbox.created":
+            continue
+        reason = event.get("reason")
+        why = f" ({reason})" if reason not in (None, "user") else ""
+        return f"sandbox {selected} {kind.removeprefix('sandbox.')}{why}"
+    return None
+
+
 def _loop_of(sbx: Sandbox) -> LoopThread:
     """The loop thread a sync sandbox runs its I/O on."""
     loop = getattr(sbx, "loop_thread", None)
@@ -529,6 +544,9 @@ class SandboxDashboard:
         async def on_events(events: list[dict[str, Any]]) -> None:
             if self._closed or not any(is_lifecycle(e) for e in events):
                 return
+            said = _said(events, self.state.selected)
+            if said is not None:  # the last word is the daemon's, not this dashboard's action
+                self._set(message=said)
             with contextlib.suppress(SandboxkitError):
                 self._apply(*await self._fetch())
             kernel = self._runtime.kernel_loop

@@ -53,7 +53,7 @@ import traitlets
 
 from sandboxkit.client.commands import AsyncCommandHandle
 from sandboxkit.client.stream import GapInfo
-from sandboxkit.errors import CommandExitError
+from sandboxkit.errors import CommandExitError, SandboxkitError
 from sandboxkit.notebook._frontend import css, esm
 from sandboxkit.notebook._runtime import AnySandbox
 from sandboxkit.notebook._widget import WidgetBase
@@ -64,6 +64,7 @@ __all__ = ["DeltaPump", "PanelSnapshot", "PanelState", "ProcessPanel", "Terminal
 STREAMS = ("stdout", "stderr")
 _RATE_WINDOW = 2.0
 _POLL_INTERVAL = 1.0
+_RESTART_LINK_WAIT = 2.0
 _STDERR_ON = b"\x1b[31m"
 _SGR_OFF = b"\x1b[0m"
 _NOTE_ON = b"\x1b[2;3m"  # dim italic: the panel's own lines, never a process's output
@@ -868,6 +869,36 @@ class ProcessPanel(WidgetBase):
                 exit_reason=follower.handle.result().reason,
                 cursor=follower.handle.cursor,
             )
+            await self._follow_restart(follower)
+
+    async def _follow_restart(self, follower: _Follower) -> None:
+        """The followed process ended: if someone else restarted it (code, another
+        notebook, the CLI), follow the new pid as after this panel's own Kill-restart.
+        One ``commands.get`` at the end of a process; the daemon links old → new just
+        after the kill, so a process killed for a restart is asked again, briefly."""
+        old = self.state.pid
+        deadline = time.monotonic() + _RESTART_LINK_WAIT
+        while True:
+            try:
+                info = await self._sbx.commands.get(old)
+            except SandboxkitError:
+                return
+            new = info.restarted_to
+            if new is not None:
+                break
+            if info.kill_reason != "restart" or time.monotonic() > deadline:
+                return
+            await asyncio.sleep(0.02)  # sleep-ok: the link is recorded right after the kill
+        async with self._action_lock:
+            if self._closed or self._follower is not follower or self.state.pid != old:
+                return  # an action of this panel came first
+            self.state.begin_action()
+            await self._detach_stream()
+            self.state.reset(new)
+            self.state.note(f"── restarted elsewhere: pid {old} killed, now following pid {new} ──")
+            self.state.update_process(state="running", sandbox_state=self._sbx.info.state)
+            await self._attach(0)
+            self.state.begin_action()
 
     async def _detach_stream(self) -> int | None:
         """Disconnect the current stream; the cursor it reached (``None`` if none)."""

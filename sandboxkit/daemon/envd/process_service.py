@@ -5,9 +5,13 @@ process's output log: its own cursor and its own sender task, so a reader that s
 a pause-snapshot ghost) never holds up another reader or the process. The consumer's
 sandboxkit frames are translated to envd events on the way out (:class:`_EventSink`).
 
-``Connect`` replays from the oldest retained output by default, so a reattached reader
-gets every byte still in the log (envd itself would send only new output); the header
+``Connect`` replays from the first output by default, so a reattached reader gets every
+byte still in the log (envd itself would send only new output); the header
 ``X-Sandboxkit-Cursor`` (a seq, or ``head``) chooses where to start instead.
+
+envd has no event for lost output, so a gap (output evicted before this reader got to it,
+or a cursor the lab's fan-out did not honour) reaches the SDK as a line of its own where
+the loss is, on stderr (on the terminal for a pty process): :func:`gap_line`.
 """
 
 from __future__ import annotations
@@ -82,12 +86,30 @@ def end_event(exit_code: int | None) -> dict[str, Any]:
 _SIGNAL_NAMES = {int(signals.SIGKILL): "killed", int(signals.SIGTERM): "terminated"}
 
 
+GAP_LINE = "[sandboxkit: {bytes_lost} bytes of output lost here (cursor {cursor}–{first})]"
+"""The line an envd reader gets where output was lost: the SDK's ``on_stderr`` (``on_data``
+for a pty) sees it, and ``result.stderr`` keeps it."""
+
+
+def gap_line(meta: dict[str, Any]) -> bytes:
+    """The text of a gap frame for an envd reader, a line of its own."""
+    text = GAP_LINE.format(
+        bytes_lost=meta.get("bytes_lost"),
+        cursor=meta.get("cursor"),
+        first=meta.get("first_available"),
+    )
+    if meta.get("reason") == "not_replayed":
+        text = text[:-1] + ", not replayed by the sandbox's lab fan-out]"
+    return ("\n" + text + "\n").encode()
+
+
 class _EventSink:
     """A consumer's transport that speaks envd: sandboxkit frames in, envd events out."""
 
-    def __init__(self, out: StreamBody, pid: int) -> None:
+    def __init__(self, out: StreamBody, pid: int, pty: bool = False) -> None:
         self._out = out
         self._pid = pid
+        self._gap_stream = "pty" if pty else "stderr"
         self._decoder = FrameDecoder()
         self.tail: bytes | None = None
         """The end-of-stream envelope once the consumer said how the stream ends."""
@@ -112,8 +134,10 @@ class _EventSink:
             return end_event(frame.meta.get("exit_code"))
         if kind is FrameKind.ERROR:
             self.tail = end_stream(from_sandboxkit(frame.error()))
-        # gap: envd has no such event (the bytes are gone either way); keepalive: the
-        # response sends its own at the interval the client asked for.
+        if kind is FrameKind.GAP:  # envd has no such event: a line where the loss is
+            line = base64.b64encode(gap_line(frame.meta)).decode()
+            return _event("data", {self._gap_stream: line})
+        # keepalive: the response sends its own at the interval the client asked for.
         return None
 
     async def close(self) -> None:
@@ -150,7 +174,8 @@ class EventStream(Response):
             }
         )
         out = StreamBody(send)
-        sink = _EventSink(out, self.consumer.source.pid)
+        source = self.consumer.source
+        sink = _EventSink(out, source.pid, pty=getattr(getattr(source, "spec", None), "pty", False))
         stream = self.host.start_stream(self.consumer, sink)
         keepalive = envelope(_event("keepalive", {}))
         guards = StreamGuards(receive, out, keepalive, self.keepalive, self.deadline)
