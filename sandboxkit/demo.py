@@ -106,7 +106,9 @@ def run_tour(lines: int = 120, *, url: str | None = None, token: str | None = No
 
 
 def _tour(lines: int, url: str, token: str | None) -> int:
-    with Sandbox.create(url=url, token=token) as sbx:
+    # Unisolated: the worker is this interpreter by its path, which a namespaced
+    # sandbox of a root daemon cannot reach (docs/isolation.md); the tour is about cursors.
+    with Sandbox.create(url=url, token=token, isolation="none") as sbx:
         _say(f"sandbox {sbx.sandbox_id} created")
         first, second = _Collector("consumer A"), _Collector("consumer B")
         script = _WORKER.format(lines=lines)

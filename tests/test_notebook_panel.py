@@ -870,7 +870,12 @@ def test_a_panel_on_an_isolated_sandbox_shows_its_lines_and_an_oom_on_its_status
         pid = start_sync(sbx, ["python3", "hog.py"])
         panel = ProcessPanel(sbx, pid)
         try:
-            wait_until(lambda: panel.flush() or "exit" in last_status(panel), what="the exit")
+            def exited() -> bool:
+                panel.flush()
+                return "exit" in last_status(panel)
+
+            wait_until(exited, what="the exit on the status line")
+            panel.flush()
             assert screen_lines(panel)[:3] == ["line 0", "line 1", "line 2"]
             if how == "rlimit":  # no cgroup: the allocation fails, no OOM kill
                 assert "exit 1" in last_status(panel)

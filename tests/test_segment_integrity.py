@@ -294,7 +294,7 @@ async def test_log_segments_are_not_beside_the_sandboxes(tmp_path: Path) -> None
         assert directory is not None and list(directory.glob("*.frames"))
         root = sandbox.workdir.parent
         assert root not in directory.parents
-        assert [p.name for p in root.iterdir() if not p.name.startswith(".")] == [
+        assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".")) == [
             sandbox.sandbox_id,
             f"{sandbox.sandbox_id}.tmp",  # its /tmp (sandbox_paths)
         ]

@@ -806,7 +806,10 @@ def _openapi(endpoints: list[_Endpoint]) -> dict[str, Any]:
 
 
 def _error_response(exc: SandboxkitError) -> Response:
-    headers = {"connection": "close"} if isinstance(exc, PayloadTooLarge) else None
+    # Both end the connection (connections.py closes an unauthenticated one once answered):
+    # saying so keeps a client from sending its next request into a closing socket.
+    closing = isinstance(exc, (PayloadTooLarge, Unauthorized))
+    headers = {"connection": "close"} if closing else None
     return JsonResponse(exc.to_wire(), status_code=exc.status, headers=headers)
 
 

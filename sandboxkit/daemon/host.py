@@ -144,8 +144,11 @@ class Host:
         :mod:`~sandboxkit.daemon.isolation`); ``allow_internet_access=False`` gives them a
         network namespace with loopback only."""
         self.check_root()
+        # A fault-lab sandbox runs the lab's own workloads (sandboxkit's modules, by this
+        # environment's interpreter) to reproduce stream failures: unisolated unless asked.
+        asked = isolation or ("none" if lab is not None else self.config.isolation)
         # Typed refusals (IsolationUnavailable, a bad mode) before anything is made.
-        mode = resolve_mode(isolation or self.config.isolation)
+        mode = resolve_mode(asked)
         sandbox_id = "sbx-" + secrets.token_hex(4)
         workdir = self.root / sandbox_id
         tmpdir = workdir.with_name(sandbox_id + ".tmp")
@@ -177,7 +180,7 @@ class Host:
                 plan=plan,
                 tmpdir=tmpdir,
                 limits=enforcer,
-                isolation_reason=_why_none(isolation or self.config.isolation, mode),
+                isolation_reason=_why_none(asked, mode),
             )
         except BaseException:
             # A refused sandbox (e.g. a bad timeout) must not leak its directory or cgroup.
