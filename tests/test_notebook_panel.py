@@ -870,6 +870,7 @@ def test_a_panel_on_an_isolated_sandbox_shows_its_lines_and_an_oom_on_its_status
         pid = start_sync(sbx, ["python3", "hog.py"])
         panel = ProcessPanel(sbx, pid)
         try:
+
             def exited() -> bool:
                 panel.flush()
                 return "exit" in last_status(panel)
