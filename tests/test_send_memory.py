@@ -18,6 +18,7 @@ from uvicorn.protocols.http.flow_control import FlowControl
 
 from sandboxkit.daemon import heap
 from sandboxkit.daemon.app import _AsgiSink
+from sandboxkit.daemon.consumers import MIN_SHARE
 from sandboxkit.daemon.host import Host
 from sandboxkit.daemon.process import ProcessSpec
 from sandboxkit.daemon.server import DaemonServer
@@ -160,3 +161,39 @@ def test_slow_readers_of_the_daemon_never_have_more_than_the_bound_in_its_transp
         http.delete(f"/sandboxes/{sid}")
     assert all(n > 256 * 1024 for n in received), received
     assert most <= PENDING_BYTES, most
+
+
+class _RecordingSink(_Sink):
+    """Takes each send after a pause (a peer that drains), recording its size beside the
+    share of the send budget each consumer had then."""
+
+    def __init__(self, host: Host, sends: list[tuple[int, int]]) -> None:
+        self.host = host
+        self.sends = sends
+
+    async def send(self, data: bytes) -> None:
+        share = self.host.send_budget.share(self.host.config.send_batch)
+        self.sends.append((len(data), share))
+        await asyncio.sleep(0.001)  # sleep-ok: the transport's drain, letting others run
+
+
+async def test_sends_shrink_as_consumers_multiply_within_the_send_budget(host: Host) -> None:
+    """All consumers' sends together stay within ``send_budget``: each send is at most
+    the budget divided by the consumers streaming (64 KiB at least), plus its frames'
+    headers. With 8 consumers and a budget of 512 KiB, that is 64 KiB, not 128 KiB."""
+    host.config.read_chunk = 16 * 1024
+    host.send_budget.total = 512 * 1024  # config.send_budget, for this host
+    sbx = await host.create_sandbox()
+    write = "import sys; sys.stdout.buffer.write(b'x' * 2097152)"
+    process = await sbx.start_process(ProcessSpec(argv=(sys.executable, "-c", write)))
+    await process.wait()
+    sends: list[tuple[int, int]] = []
+    streams = [
+        host.start_stream(host.open_consumer(process, 0), _RecordingSink(host, sends))
+        for _ in range(8)
+    ]
+    await asyncio.gather(*streams)
+    assert sum(size for size, _ in sends) > 8 * 2097152
+    headers = 1024  # a frame's header is under 100 bytes; a 64 KiB send has 4 frames
+    assert all(size <= share + headers for size, share in sends), sends
+    assert max(size for size, share in sends if share == MIN_SHARE) <= MIN_SHARE + headers

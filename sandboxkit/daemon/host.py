@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from sandboxkit.daemon.config import DaemonConfig
-from sandboxkit.daemon.consumers import Consumer, FrameSink, check_role
+from sandboxkit.daemon.consumers import Consumer, FrameSink, SendBudget, check_role
 from sandboxkit.daemon.events import EventJournal
 from sandboxkit.daemon.freezer import Freezer, make_freezer
 from sandboxkit.daemon.process import ManagedProcess
@@ -32,6 +32,8 @@ class Host:
     def __init__(self, config: DaemonConfig | None = None) -> None:
         self.config = config or DaemonConfig()
         self.journal = EventJournal(self.config.journal_size)
+        self.send_budget = SendBudget(self.config.send_budget)
+        """What its consumers' sends may hold at once, shared out among them."""
         self.sandboxes: dict[str, ManagedSandbox] = {}
         self.started_at = time.time()
         self._own_root = self.config.root_dir is None
@@ -172,7 +174,14 @@ class Host:
                 field="cursor",
             )
         consumer = Consumer(
-            process, cursor, self.config, self.journal, name=name, peer=peer, role=role
+            process,
+            cursor,
+            self.config,
+            self.journal,
+            name=name,
+            peer=peer,
+            role=role,
+            budget=self.send_budget,
         )
         process.consumers[consumer.consumer_id] = consumer
         closed = [c for c in process.consumers.values() if c.closed_at is not None]
