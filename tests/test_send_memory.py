@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import socket
 import sys
 import time
+import weakref
 from types import SimpleNamespace
 from typing import Any
 
@@ -197,3 +199,35 @@ async def test_sends_shrink_as_consumers_multiply_within_the_send_budget(host: H
     headers = 1024  # a frame's header is under 100 bytes; a 64 KiB send has 4 frames
     assert all(size <= share + headers for size, share in sends), sends
     assert max(size for size, share in sends if share == MIN_SHARE) <= MIN_SHARE + headers
+
+
+class _TcpSink(_Sink):
+    """A sink offering what a TCP connection's sink offers (see consumers.FrameSink)."""
+
+    def window_closed_for(self) -> float | None:
+        return None
+
+    def size_send_buffer(self, nbytes: int) -> None:
+        pass
+
+
+async def test_consumers_that_left_keep_neither_their_connections_nor_more_than_64_rows(
+    host: Host,
+) -> None:
+    """A consumer that left stays in the metrics for a while, but holds nothing of its
+    connection (its sink, and through it the server's request, buffers and transport:
+    400 of them were 14 MB after they left); and no more than 64 that left are kept per
+    process, even when they all leave at once."""
+    sbx = await host.create_sandbox()
+    write = "import sys; sys.stdout.buffer.write(b'x' * 65536)"
+    process = await sbx.start_process(ProcessSpec(argv=(sys.executable, "-c", write)))
+    await process.wait()
+    sinks = [_TcpSink() for _ in range(70)]
+    refs = [weakref.ref(sink) for sink in sinks]
+    consumers = [host.open_consumer(process, 0) for _ in sinks]
+    await asyncio.gather(*(host.start_stream(c, s) for c, s in zip(consumers, sinks, strict=True)))
+    del sinks
+    gc.collect()
+    assert all(c.state == "closed" for c in consumers)
+    assert all(ref() is None for ref in refs), "a consumer that left still holds its sink"
+    assert len(process.consumers) <= 64, len(process.consumers)

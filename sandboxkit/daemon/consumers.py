@@ -335,7 +335,18 @@ class Consumer:
             # Its sends and its connection are freed once the connection closes: the
             # heap is trimmed a moment later if enough consumers left (heap.py).
             heap.released_soon(CONNECTION_MEMORY + self._largest_send)
-            await sink.close()
+            try:
+                await sink.close()
+            finally:
+                self._let_go()
+
+    def _let_go(self) -> None:
+        # A consumer that left stays in the metrics for a while: it keeps nothing of its
+        # connection (the sink's methods held the server's request, its buffers and its
+        # transport: 400 consumers that left held 14 MB), nor of its feed.
+        self._peer_probe = self._send_parts = self._size_buffer = None
+        self._feed = None
+        self._task = None
 
     def kick(self, reason: str, blocked_for: float) -> None:
         """End the stream with a ``kicked`` error frame: from its stall watchdog, or from

@@ -26,6 +26,13 @@ __all__ = ["Host"]
 _CLOSED_CONSUMERS_KEPT = 64
 
 
+def _prune_closed(process: ManagedProcess) -> None:
+    """Keep the newest :data:`_CLOSED_CONSUMERS_KEPT` consumers of ``process`` that left."""
+    closed = [c for c in process.consumers.values() if c.closed_at is not None]
+    for old in closed[:-_CLOSED_CONSUMERS_KEPT]:
+        del process.consumers[old.consumer_id]
+
+
 class Host:
     """Owns sandboxes and their background work; plain asyncio, no HTTP."""
 
@@ -184,9 +191,7 @@ class Host:
             budget=self.send_budget,
         )
         process.consumers[consumer.consumer_id] = consumer
-        closed = [c for c in process.consumers.values() if c.closed_at is not None]
-        for old in closed[:-_CLOSED_CONSUMERS_KEPT]:
-            del process.consumers[old.consumer_id]
+        _prune_closed(process)
         return consumer
 
     def start_stream(self, consumer: Consumer, sink: FrameSink) -> asyncio.Task[None]:
@@ -197,6 +202,12 @@ class Host:
         task = asyncio.get_running_loop().create_task(consumer.run(sink))
         self._streams.add(task)
         task.add_done_callback(self._streams.discard)
+        if sandbox is not None:
+            process = sandbox.processes.get(consumer.source.pid)
+            if process is not None:
+                # Consumers that all leave at once are pruned as they leave, not only
+                # when the next one opens.
+                task.add_done_callback(lambda _: _prune_closed(process))
         return task
 
     async def serve(self, consumer: Consumer, sink: FrameSink) -> None:
