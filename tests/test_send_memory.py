@@ -219,9 +219,9 @@ async def test_consumers_that_left_keep_neither_their_connections_nor_more_than_
     host: Host,
 ) -> None:
     """A consumer that left stays in the metrics for a while, but holds nothing of its
-    connection (its sink, and through it the server's request, buffers and transport:
-    400 of them were 14 MB after they left); and no more than 64 that left are kept per
-    process, even when they all leave at once."""
+    connection (its sink, and through it the server's request, buffers and transport);
+    and no more than 64 that left are kept per process, even when they all leave at
+    once (400 rows, each holding its connection, after 400 consumers left together)."""
     sbx = await host.create_sandbox()
     write = "import sys; sys.stdout.buffer.write(b'x' * 65536)"
     process = await sbx.start_process(ProcessSpec(argv=(sys.executable, "-c", write)))
