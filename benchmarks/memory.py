@@ -244,6 +244,7 @@ async def _consume(port: int, path: str, token: str, slow: bool, received: list[
             received[0] += len(data)
             if slow:
                 await asyncio.sleep(0.25)  # sleep-ok: a slow reader's pace
+        received[1] += 1  # the daemon ended the stream (a kick)
     finally:
         writer.close()
 
@@ -256,6 +257,8 @@ class ConsumersRun:
     end: float
     after: float
     received_mib: float
+    ended: int
+    """Consumers whose stream the daemon ended before they left (kicked)."""
 
 
 async def consumers_run(count: int, seconds: float, rate: int, loop: str) -> ConsumersRun:
@@ -275,7 +278,7 @@ async def consumers_run(count: int, seconds: float, rate: int, loop: str) -> Con
             await asyncio.sleep(3)  # sleep-ok: the idle daemon, its process's cache filled
             idle = daemon.rss_mib()
             head = (await http.get(base)).json()["head"]
-            received = [0]
+            received = [0, 0]
             path = f"{base}/stream?cursor={head}"
             readers = [
                 asyncio.ensure_future(
@@ -294,7 +297,7 @@ async def consumers_run(count: int, seconds: float, rate: int, loop: str) -> Con
             await asyncio.sleep(10)  # sleep-ok: the target is 10 s after they left
             after = daemon.rss_mib()
             await http.delete(f"/sandboxes/{sbx}")
-        return ConsumersRun(fresh, idle, peak, end, after, received[0] / MIB)
+        return ConsumersRun(fresh, idle, peak, end, after, received[0] / MIB, received[1])
     finally:
         daemon.stop()
 
@@ -316,7 +319,8 @@ def _consumers_section(count: int, seconds: float, loop: str) -> None:
     print(
         f"   delivered {run.received_mib:.0f} MiB in all, "
         f"{run.received_mib / seconds:.0f} MiB/s; per consumer "
-        f"{(run.peak - run.idle) * MIB / count / 1024:.0f} KiB at the peak"
+        f"{(run.peak - run.idle) * MIB / count / 1024:.0f} KiB at the peak; "
+        f"{run.ended} streams ended by the daemon (kicks)"
     )
 
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import socket
 import sys
 import time
+import weakref
 from types import SimpleNamespace
 from typing import Any
 
@@ -18,6 +20,7 @@ from uvicorn.protocols.http.flow_control import FlowControl
 
 from sandboxkit.daemon import heap
 from sandboxkit.daemon.app import _AsgiSink
+from sandboxkit.daemon.consumers import MIN_SHARE
 from sandboxkit.daemon.host import Host
 from sandboxkit.daemon.process import ProcessSpec
 from sandboxkit.daemon.server import DaemonServer
@@ -97,10 +100,12 @@ async def test_consumers_that_leave_have_the_heap_trimmed(
     host: Host, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """What consumers held (their sends, their connections' buffers) is freed when they
-    leave, but glibc keeps the pages: their leaving asks for a trim (rate-limited by
-    sandboxkit.daemon.heap), without any log being dropped."""
+    leave, but glibc keeps the pages: their leaving asks for a full collection and a
+    trim (rate-limited by sandboxkit.daemon.heap), without any log being dropped."""
     trims: list[int] = []
+    collections: list[int] = []
     monkeypatch.setattr(heap, "_trim", lambda pad: trims.append(pad) or 1)
+    monkeypatch.setattr(heap, "gc", SimpleNamespace(collect=lambda: collections.append(1)))
     monkeypatch.setattr(heap, "_last", -heap.MIN_INTERVAL)
     monkeypatch.setattr(heap, "_owed", 0)
     monkeypatch.setattr(heap, "_later", None)
@@ -115,6 +120,8 @@ async def test_consumers_that_leave_have_the_heap_trimmed(
         assert time.monotonic() < deadline, "no trim after 16 consumers left"
         await asyncio.sleep(0.02)  # sleep-ok: polling with a deadline
     assert process.log.memory_bytes > 0  # its log kept its cache: no log was dropped
+    # Connections are reference cycles that lived long: collected before the trim.
+    assert collections
 
 
 def test_slow_readers_of_the_daemon_never_have_more_than_the_bound_in_its_transports(
@@ -160,3 +167,71 @@ def test_slow_readers_of_the_daemon_never_have_more_than_the_bound_in_its_transp
         http.delete(f"/sandboxes/{sid}")
     assert all(n > 256 * 1024 for n in received), received
     assert most <= PENDING_BYTES, most
+
+
+class _RecordingSink(_Sink):
+    """Takes each send after a pause (a peer that drains), recording its size beside the
+    share of the send budget each consumer had then."""
+
+    def __init__(self, host: Host, sends: list[tuple[int, int]]) -> None:
+        self.host = host
+        self.sends = sends
+
+    async def send(self, data: bytes) -> None:
+        share = self.host.send_budget.share(self.host.config.send_batch)
+        self.sends.append((len(data), share))
+        await asyncio.sleep(0.001)  # sleep-ok: the transport's drain, letting others run
+
+
+async def test_sends_shrink_as_consumers_multiply_within_the_send_budget(host: Host) -> None:
+    """All consumers' sends together stay within ``send_budget``: each send is at most
+    the budget divided by the consumers streaming (64 KiB at least), plus its frames'
+    headers. With 8 consumers and a budget of 512 KiB, that is 64 KiB, not 128 KiB."""
+    host.config.read_chunk = 16 * 1024
+    host.send_budget.total = 512 * 1024  # config.send_budget, for this host
+    sbx = await host.create_sandbox()
+    write = "import sys; sys.stdout.buffer.write(b'x' * 2097152)"
+    process = await sbx.start_process(ProcessSpec(argv=(sys.executable, "-c", write)))
+    await process.wait()
+    sends: list[tuple[int, int]] = []
+    streams = [
+        host.start_stream(host.open_consumer(process, 0), _RecordingSink(host, sends))
+        for _ in range(8)
+    ]
+    await asyncio.gather(*streams)
+    assert sum(size for size, _ in sends) > 8 * 2097152
+    headers = 1024  # a frame's header is under 100 bytes; a 64 KiB send has 4 frames
+    assert all(size <= share + headers for size, share in sends), sends
+    assert max(size for size, share in sends if share == MIN_SHARE) <= MIN_SHARE + headers
+
+
+class _TcpSink(_Sink):
+    """A sink offering what a TCP connection's sink offers (see consumers.FrameSink)."""
+
+    def window_closed_for(self) -> float | None:
+        return None
+
+    def size_send_buffer(self, nbytes: int) -> None:
+        pass
+
+
+async def test_consumers_that_left_keep_neither_their_connections_nor_more_than_64_rows(
+    host: Host,
+) -> None:
+    """A consumer that left stays in the metrics for a while, but holds nothing of its
+    connection (its sink, and through it the server's request, buffers and transport);
+    and no more than 64 that left are kept per process, even when they all leave at
+    once (400 rows, each holding its connection, after 400 consumers left together)."""
+    sbx = await host.create_sandbox()
+    write = "import sys; sys.stdout.buffer.write(b'x' * 65536)"
+    process = await sbx.start_process(ProcessSpec(argv=(sys.executable, "-c", write)))
+    await process.wait()
+    sinks = [_TcpSink() for _ in range(70)]
+    refs = [weakref.ref(sink) for sink in sinks]
+    consumers = [host.open_consumer(process, 0) for _ in sinks]
+    await asyncio.gather(*(host.start_stream(c, s) for c, s in zip(consumers, sinks, strict=True)))
+    del sinks
+    gc.collect()
+    assert all(c.state == "closed" for c in consumers)
+    assert all(ref() is None for ref in refs), "a consumer that left still holds its sink"
+    assert len(process.consumers) <= 64, len(process.consumers)

@@ -87,6 +87,11 @@ class DaemonConfig:
     timeout). The Python cost of a send is per call: 1 MiB, not 256 KiB, took about a
     tenth off the daemon's CPU per GB fanned out at 16 consumers on uvloop
     (benchmarks/compare.py, P7)."""
+    send_budget: int = 64 * 1024 * 1024
+    """Bytes all consumers' sends may hold at once (each holds its chunks until its peer
+    took them). Up to ``send_budget // send_batch`` consumers (64) each send up to
+    ``send_batch``; past that, each consumer's sends are at most this divided by the
+    consumers streaming, and never less than 64 KiB: 400 consumers send up to 160 KiB."""
     journal_size: int = 20_000
     """Events kept in the journal."""
     isolation: str = field(default_factory=lambda: os.environ.get(ISOLATION_ENV, "auto"))

@@ -24,11 +24,13 @@ __all__ = [
     "BLOCKED_AFTER",
     "CONSUMER_STATES",
     "DEFAULT_ROLE",
+    "MIN_SHARE",
     "ROLE_PATTERN",
     "STARVED_AFTER",
     "Consumer",
     "ConsumerState",
     "FrameSink",
+    "SendBudget",
     "StreamSource",
     "check_role",
 ]
@@ -85,7 +87,32 @@ CONNECTION_MEMORY = 64 * 1024
 """About what a consumer's connection holds beyond its sends (its read buffer, the HTTP
 protocol's state): counted as released, with its largest send, when it leaves."""
 
+MIN_SHARE = 64 * 1024
+"""The least a consumer's sends may hold (payload bytes), however many consumers share
+the send budget: one 64 KiB write of the process's, about, per send."""
+
 _ids = itertools.count(1)
+
+
+class SendBudget:
+    """What all consumers' sends may hold at once (``DaemonConfig.send_budget``), shared
+    out among the consumers streaming.
+
+    A send holds its chunks until the peer took them: the log's own (shared), or views
+    of a mapped segment, but the newest segment is read with a copy, and a chunk the cache
+    evicted meanwhile lives on only for the sends that hold it. Up to 1 MiB a consumer,
+    that grows with the consumers; within the budget it does not (issue 19)."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.consumers = 0
+        """Consumers streaming now (between their start and their end)."""
+
+    def share(self, most: int) -> int:
+        """Payload bytes one consumer's send (or read of the log) may hold: ``most``, or
+        less when more consumers than ``total // most`` stream, never under
+        :data:`MIN_SHARE`."""
+        return min(most, max(MIN_SHARE, self.total // max(1, self.consumers)))
 
 
 class FrameSink(Protocol):
@@ -138,7 +165,10 @@ class Consumer:
         name: str | None = None,
         peer: str | None = None,
         role: str | None = None,
+        budget: SendBudget | None = None,
     ) -> None:
+        """``budget``: the daemon's send budget, shared with its other consumers (by
+        default one of its own, of ``config.send_budget``)."""
         self.consumer_id = f"c{next(_ids)}"
         self.name = name or self.consumer_id
         self.role = check_role(role)
@@ -171,6 +201,7 @@ class Consumer:
         self._watchdog: asyncio.TimerHandle | None = None
         self._coalesce = min(config.send_batch, _FIRST_SENDS)
         self._largest_send = 0
+        self._budget = budget or SendBudget(config.send_budget)
 
     # -- metrics ---------------------------------------------------------------------
 
@@ -287,6 +318,7 @@ class Consumer:
                 cursor=feed.start,
             )
         reason = "end"
+        self._budget.consumers += 1
         try:
             await self._stream(sink, feed)
         except asyncio.CancelledError:
@@ -302,12 +334,24 @@ class Consumer:
         finally:
             if self._watchdog is not None:
                 self._watchdog.cancel()
+            self._budget.consumers -= 1
             feed.close()
             self._finish("kicked" if reason == "kicked" else "closed", reason)
             # Its sends and its connection are freed once the connection closes: the
             # heap is trimmed a moment later if enough consumers left (heap.py).
             heap.released_soon(CONNECTION_MEMORY + self._largest_send)
-            await sink.close()
+            try:
+                await sink.close()
+            finally:
+                self._let_go()
+
+    def _let_go(self) -> None:
+        # A consumer that left stays in the metrics for a while: it keeps nothing of its
+        # connection (the sink's methods held the server's request, its buffers and its
+        # transport, every one of the 400 that left at once), nor of its feed.
+        self._peer_probe = self._send_parts = self._size_buffer = None
+        self._feed = None
+        self._task = None
 
     def kick(self, reason: str, blocked_for: float) -> None:
         """End the stream with a ``kicked`` error frame: from its stall watchdog, or from
@@ -344,11 +388,12 @@ class Consumer:
             # same way, exactly (the reader's on_gap, its marker, the panel's line).
             lost = log.offset_of(feed.start) - log.offset_of(requested)
             await self._send_gap(sink, Gap(requested, feed.start, lost), "not_replayed")
-        batch_limit = self.config.send_batch
         keepalive = self.config.keepalive_interval
         while True:
             self._waiting = True
             try:
+                # What is read at once is held until sent: within this consumer's share.
+                batch_limit = self._budget.share(self.config.send_batch)
                 pulled = await feed.pull(self.cursor, batch_limit, keepalive)
             finally:
                 self._waiting = False
@@ -422,7 +467,7 @@ class Consumer:
         # Python cost of a send (the server's chunked encoding, the ASGI wrappers, this
         # bookkeeping) is per call, so several 64 KiB frames in one send cost far less
         # than one send each, the join's copy included (benchmarks/compare.py).
-        limit = self._coalesce
+        limit = min(self._coalesce, self._budget.share(self.config.send_batch))
         batch: list[Chunk] = []
         size = 0
         for chunk in chunks:
@@ -468,7 +513,10 @@ class Consumer:
             drained = size / took * self._feed.stall_timeout / 4
             self._coalesce = int(min(self.config.send_batch, drained))
             if self._size_buffer is not None:
-                self._size_buffer(int(drained))
+                share = self._budget.share(self.config.send_batch)
+                # Where the send budget binds, the kernel's buffer follows it too.
+                binds = share < self.config.send_batch
+                self._size_buffer(int(min(drained, share) if binds else drained))
         self.bytes_sent += size
         self.frames_sent += frames
         self._largest_send = max(self._largest_send, size)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import gc
 import platform
 import time
 from collections.abc import Callable
@@ -50,6 +51,7 @@ _last = -MIN_INTERVAL
 _owed = 0
 _later: asyncio.TimerHandle | None = None
 _later_loop: asyncio.AbstractEventLoop | None = None
+_collect = False  # a full garbage collection first (see released_soon)
 
 
 def released(size: int) -> bool:
@@ -59,7 +61,7 @@ def released(size: int) -> bool:
     Within :data:`MIN_INTERVAL` of the last trim, the trim is put off to the end of the
     interval (on the running event loop, if any), so the last of a burst of releases is
     given back too."""
-    global _last, _owed, _later
+    global _last, _owed, _later, _collect
     _owed += size
     if _trim is None or _owed < THRESHOLD:
         return False
@@ -69,6 +71,9 @@ def released(size: int) -> bool:
             _later.cancel()
             _later = None
         _last, _owed = time.monotonic(), 0
+        if _collect:
+            _collect = False
+            gc.collect()
         _trim(0)
         return True
     _trim_later(wait)
@@ -78,9 +83,15 @@ def released(size: int) -> bool:
 def released_soon(size: int) -> None:
     """Note that ``size`` bytes are about to be freed (within :data:`SETTLE`); if that,
     with what was freed since the last trim, is worth it, trim the heap then — and not
-    within :data:`MIN_INTERVAL` of the last trim."""
-    global _owed
+    within :data:`MIN_INTERVAL` of the last trim.
+
+    What is released this way is often held in reference cycles (a connection, its
+    protocol and its transport refer to each other), which only a full collection frees,
+    and those objects lived long enough to reach the oldest generation, collected
+    rarely: the trim then collects first."""
+    global _owed, _collect
     _owed += size
+    _collect = True
     if _trim is not None and _owed >= THRESHOLD:
         _trim_later(max(SETTLE, _last + MIN_INTERVAL - time.monotonic()))
 

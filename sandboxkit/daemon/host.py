@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sandboxkit.daemon.config import DaemonConfig
-from sandboxkit.daemon.consumers import Consumer, FrameSink, check_role
+from sandboxkit.daemon.consumers import Consumer, FrameSink, SendBudget, check_role
 from sandboxkit.daemon.events import EventJournal
 from sandboxkit.daemon.freezer import CgroupFreezer, Freezer, daemon_cgroup_for, make_freezer
 from sandboxkit.daemon.isolation import (
@@ -46,12 +46,21 @@ def _why_none(asked: str, mode: str) -> str:
 _CLOSED_CONSUMERS_KEPT = 64
 
 
+def _prune_closed(process: ManagedProcess) -> None:
+    """Keep the newest :data:`_CLOSED_CONSUMERS_KEPT` consumers of ``process`` that left."""
+    closed = [c for c in process.consumers.values() if c.closed_at is not None]
+    for old in closed[:-_CLOSED_CONSUMERS_KEPT]:
+        del process.consumers[old.consumer_id]
+
+
 class Host:
     """Owns sandboxes and their background work; plain asyncio, no HTTP."""
 
     def __init__(self, config: DaemonConfig | None = None) -> None:
         self.config = config or DaemonConfig()
         self.journal = EventJournal(self.config.journal_size)
+        self.send_budget = SendBudget(self.config.send_budget)
+        """What its consumers' sends may hold at once, shared out among them."""
         self.sandboxes: dict[str, ManagedSandbox] = {}
         self.started_at = time.time()
         self._own_root = self.config.root_dir is None
@@ -287,12 +296,17 @@ class Host:
                 field="cursor",
             )
         consumer = Consumer(
-            process, cursor, self.config, self.journal, name=name, peer=peer, role=role
+            process,
+            cursor,
+            self.config,
+            self.journal,
+            name=name,
+            peer=peer,
+            role=role,
+            budget=self.send_budget,
         )
         process.consumers[consumer.consumer_id] = consumer
-        closed = [c for c in process.consumers.values() if c.closed_at is not None]
-        for old in closed[:-_CLOSED_CONSUMERS_KEPT]:
-            del process.consumers[old.consumer_id]
+        _prune_closed(process)
         return consumer
 
     def start_stream(self, consumer: Consumer, sink: FrameSink) -> asyncio.Task[None]:
@@ -303,6 +317,12 @@ class Host:
         task = asyncio.get_running_loop().create_task(consumer.run(sink))
         self._streams.add(task)
         task.add_done_callback(self._streams.discard)
+        if sandbox is not None:
+            process = sandbox.processes.get(consumer.source.pid)
+            if process is not None:
+                # Consumers that all leave at once are pruned as they leave, not only
+                # when the next one opens.
+                task.add_done_callback(lambda _: _prune_closed(process))
         return task
 
     async def serve(self, consumer: Consumer, sink: FrameSink) -> None:
