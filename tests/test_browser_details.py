@@ -1,9 +1,10 @@
 """The widgets' small on-screen details, read from a real browser page.
 
-Each widget's own front end (its ``_esm`` and ``_css``, vendored libraries inlined, exactly
-what a notebook gets) is rendered by Debian's chromium (``/usr/bin/chromium``, driven by
-Playwright) into a bare page, with a stand-in for the anywidget model that delivers the
-kernel's messages the test writes. No JupyterLab, kernel or daemon: each test takes about
+Each widget's own front end (its ``_esm`` and ``_css``, and the vendored libraries' model it
+references: exactly what a notebook gets) is rendered by Debian's chromium
+(``/usr/bin/chromium``, driven by Playwright) into a bare page, with a stand-in for the
+anywidget model (and its ``widget_manager``) that delivers the kernel's messages the test
+writes. No JupyterLab, kernel or daemon: each test takes about
 a second. What is asserted is what a person sees: a canvas's width on the page, the colour
 of the pixels inside and outside the plot area, the rows of the terminal's viewport, where
 a character is drawn.
@@ -25,6 +26,7 @@ import pytest
 from jupyter_harness import CHROMIUM, CHROMIUM_ARGS, descendants, describe, reap, still_alive
 from test_browser import _require_browser_stack
 
+from sandboxkit.notebook._frontend import FrontendLibraries, libraries
 from sandboxkit.notebook.charts import ChartWidget
 from sandboxkit.notebook.panel import PanelState, TerminalWidget
 
@@ -36,8 +38,9 @@ pytestmark = [pytest.mark.browser]
 # Mounts a widget's module into #host (a div of the given width) with a stand-in model:
 # `window.__emit(msg, text)` delivers a kernel message (text → the binary buffer);
 # `window.__sent` holds what the view sent; a "hello" is answered by `window.__onHello`.
+# The widget manager knows one other model: the libraries (`libraries`: its id, modules).
 _JS_MOUNT = """
-async ({ esm, css, props, width }) => {
+async ({ esm, css, props, libraries, width }) => {
   const style = document.createElement("style");
   style.textContent = css;
   document.head.append(style);
@@ -54,6 +57,12 @@ async ({ esm, css, props, width }) => {
     on: (ev, fn) => { if (ev === "msg:custom") handlers.push(fn); },
     off: (ev, fn) => { const i = handlers.indexOf(fn); if (i >= 0) handlers.splice(i, 1); },
     send: (msg) => { window.__sent.push(msg); if (window.__onHello) window.__onHello(msg); },
+    widget_manager: {
+      get_model: async (id) => {
+        if (id !== libraries.id) throw new Error("widget model not found");
+        return { get: (k) => libraries[k] };
+      },
+    },
   };
   const host = document.createElement("div");
   host.id = "host";
@@ -114,8 +123,16 @@ def page(browser: Browser, request: pytest.FixtureRequest) -> Iterator[Page]:
 
 
 def mount(page: Page, widget: Any, props: dict[str, Any], width: int) -> None:
+    shared = libraries()
     page.evaluate(
-        _JS_MOUNT, {"esm": widget._esm, "css": widget._css, "props": props, "width": width}
+        _JS_MOUNT,
+        {
+            "esm": widget._esm,
+            "css": str(FrontendLibraries._css) + "\n" + str(widget._css),
+            "props": {**props, "_libraries": f"IPY_MODEL_{shared.model_id}"},
+            "libraries": {"id": shared.model_id, "modules": shared.modules},
+            "width": width,
+        },
     )
 
 
