@@ -15,6 +15,7 @@ a character is drawn.
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import time
@@ -38,7 +39,8 @@ pytestmark = [pytest.mark.browser]
 # Mounts a widget's module into #host (a div of the given width) with a stand-in model:
 # `window.__emit(msg, text)` delivers a kernel message (text → the binary buffer);
 # `window.__sent` holds what the view sent; a "hello" is answered by `window.__onHello`.
-# The widget manager knows one other model: the libraries (`libraries`: its id, modules).
+# The widget manager knows one other model: the libraries (`libraries`: its id, and its
+# gzipped modules in base64, handed over as the DataViews ipywidgets makes of buffers).
 _JS_MOUNT = """
 async ({ esm, css, props, libraries, width }) => {
   const style = document.createElement("style");
@@ -59,8 +61,11 @@ async ({ esm, css, props, libraries, width }) => {
     send: (msg) => { window.__sent.push(msg); if (window.__onHello) window.__onHello(msg); },
     widget_manager: {
       get_model: async (id) => {
+        window.__asked = (window.__asked || 0) + 1;
         if (id !== libraries.id) throw new Error("widget model not found");
-        return { get: (k) => libraries[k] };
+        const modules = Object.fromEntries(Object.entries(libraries.modules).map(([k, b64]) =>
+          [k, new DataView(Uint8Array.from(atob(b64), (c) => c.charCodeAt(0)).buffer)]));
+        return { get: (k) => (k === "modules" ? modules : undefined) };
       },
     },
   };
@@ -130,7 +135,10 @@ def mount(page: Page, widget: Any, props: dict[str, Any], width: int) -> None:
             "esm": widget._esm,
             "css": str(FrontendLibraries._css) + "\n" + str(widget._css),
             "props": {**props, "_libraries": f"IPY_MODEL_{shared.model_id}"},
-            "libraries": {"id": shared.model_id, "modules": shared.modules},
+            "libraries": {
+                "id": shared.model_id,
+                "modules": {k: base64.b64encode(v).decode() for k, v in shared.modules.items()},
+            },
             "width": width,
         },
     )
@@ -387,6 +395,18 @@ def test_a_skip_marker_says_on_screen_how_many_bytes_are_not_shown(page: Page) -
     # What the marker says is missing is exactly the bytes between line 19 and the first
     # line shown after it.
     assert said == sum(len(t) for t in lines[20 : after[0]]), (said, after[0])
+
+
+def test_widgets_on_one_page_fetch_each_library_once(page: Page) -> None:
+    """Three terminals and two charts: the libraries' model is asked once per library
+    (xterm.js, two addons, uPlot); the page evaluates each library once."""
+    for _ in range(3):
+        mount(page, TerminalWidget, {"rows": 5, "scrollback": 100}, 400)
+    for _ in range(2):
+        mount(page, ChartWidget, {"kind": "backpressure", "title": "t", "height": 120}, 400)
+    assert page.evaluate("() => document.querySelectorAll('.xterm-rows').length") == 3
+    assert page.evaluate("() => document.querySelectorAll('.sandboxkit-chart-root').length") == 2
+    assert page.evaluate("() => window.__asked") == 4
 
 
 def test_an_emoji_takes_two_cells_and_overlaps_nothing(page: Page) -> None:
