@@ -83,13 +83,14 @@ function vendor(model, name) {
 
 
 class FrontendLibraries(anywidget.AnyWidget):
-    """The vendored libraries, one model per kernel (see the module doc); never displayed."""
+    """The vendored libraries, one model per kernel (see the module doc); never displayed.
+    anywidget puts a model's ``_css`` on the page when the front end creates the model,
+    shown or not, so the libraries' stylesheets arrive once with it."""
 
     _esm = "// read by the widgets (vendor()); nothing to render\nexport default {};\n"
     _css = "\n".join((STATIC / name).read_text("utf-8") for name in _VENDOR_CSS)
     modules = traitlets.Dict().tag(sync=True)
-    """Library name → its ES module, gzipped."""
-    version = traitlets.Unicode(VERSION).tag(sync=True)
+    """Library name → its ES module, gzipped (a ``DataView`` in the browser)."""
 
 
 _lock = threading.Lock()
