@@ -6,9 +6,10 @@
 # Installs the pinned packages below into a temporary directory with npm, then copies their
 # built ES modules, CSS and licence files into sandboxkit/notebook/static/ and writes
 # sandboxkit/notebook/static/VERSIONS.md. The copies are committed, so `pip install` (and
-# Binder) works offline: the widgets inline these files into their anywidget `_esm`/`_css`
-# (see sandboxkit/notebook/_frontend.py). Bump a version here, re-run, run the browser
-# tests (tests/test_browser.py), commit the result.
+# Binder) works offline: the kernel sends them to the browser once, in one widget model
+# that every panel and chart references (see sandboxkit/notebook/_frontend.py). Bump a
+# version here, re-run, run the browser tests (tests/test_browser.py,
+# tests/test_browser_details.py), commit the result.
 set -euo pipefail
 
 XTERM_VERSION="6.0.0"        # @xterm/xterm: the terminal emulator of ProcessPanel

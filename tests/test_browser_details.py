@@ -1,9 +1,10 @@
 """The widgets' small on-screen details, read from a real browser page.
 
-Each widget's own front end (its ``_esm`` and ``_css``, vendored libraries inlined, exactly
-what a notebook gets) is rendered by Debian's chromium (``/usr/bin/chromium``, driven by
-Playwright) into a bare page, with a stand-in for the anywidget model that delivers the
-kernel's messages the test writes. No JupyterLab, kernel or daemon: each test takes about
+Each widget's own front end (its ``_esm`` and ``_css``, and the vendored libraries' model it
+references: exactly what a notebook gets) is rendered by Debian's chromium
+(``/usr/bin/chromium``, driven by Playwright) into a bare page, with a stand-in for the
+anywidget model (and its ``widget_manager``) that delivers the kernel's messages the test
+writes. No JupyterLab, kernel or daemon: each test takes about
 a second. What is asserted is what a person sees: a canvas's width on the page, the colour
 of the pixels inside and outside the plot area, the rows of the terminal's viewport, where
 a character is drawn.
@@ -14,6 +15,7 @@ a character is drawn.
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import time
@@ -25,6 +27,7 @@ import pytest
 from jupyter_harness import CHROMIUM, CHROMIUM_ARGS, descendants, describe, reap, still_alive
 from test_browser import _require_browser_stack
 
+from sandboxkit.notebook._frontend import FrontendLibraries, libraries
 from sandboxkit.notebook.charts import ChartWidget
 from sandboxkit.notebook.panel import PanelState, TerminalWidget
 
@@ -36,8 +39,10 @@ pytestmark = [pytest.mark.browser]
 # Mounts a widget's module into #host (a div of the given width) with a stand-in model:
 # `window.__emit(msg, text)` delivers a kernel message (text → the binary buffer);
 # `window.__sent` holds what the view sent; a "hello" is answered by `window.__onHello`.
+# The widget manager knows one other model: the libraries (`libraries`: its id, and its
+# gzipped modules in base64, handed over as the DataViews ipywidgets makes of buffers).
 _JS_MOUNT = """
-async ({ esm, css, props, width }) => {
+async ({ esm, css, props, libraries, width }) => {
   const style = document.createElement("style");
   style.textContent = css;
   document.head.append(style);
@@ -54,6 +59,15 @@ async ({ esm, css, props, width }) => {
     on: (ev, fn) => { if (ev === "msg:custom") handlers.push(fn); },
     off: (ev, fn) => { const i = handlers.indexOf(fn); if (i >= 0) handlers.splice(i, 1); },
     send: (msg) => { window.__sent.push(msg); if (window.__onHello) window.__onHello(msg); },
+    widget_manager: {
+      get_model: async (id) => {
+        window.__asked = (window.__asked || 0) + 1;
+        if (id !== libraries.id) throw new Error("widget model not found");
+        const modules = Object.fromEntries(Object.entries(libraries.modules).map(([k, b64]) =>
+          [k, new DataView(Uint8Array.from(atob(b64), (c) => c.charCodeAt(0)).buffer)]));
+        return { get: (k) => (k === "modules" ? modules : undefined) };
+      },
+    },
   };
   const host = document.createElement("div");
   host.id = "host";
@@ -114,8 +128,19 @@ def page(browser: Browser, request: pytest.FixtureRequest) -> Iterator[Page]:
 
 
 def mount(page: Page, widget: Any, props: dict[str, Any], width: int) -> None:
+    shared = libraries()
     page.evaluate(
-        _JS_MOUNT, {"esm": widget._esm, "css": widget._css, "props": props, "width": width}
+        _JS_MOUNT,
+        {
+            "esm": widget._esm,
+            "css": str(FrontendLibraries._css) + "\n" + str(widget._css),
+            "props": {**props, "_libraries": f"IPY_MODEL_{shared.model_id}"},
+            "libraries": {
+                "id": shared.model_id,
+                "modules": {k: base64.b64encode(v).decode() for k, v in shared.modules.items()},
+            },
+            "width": width,
+        },
     )
 
 
@@ -370,6 +395,18 @@ def test_a_skip_marker_says_on_screen_how_many_bytes_are_not_shown(page: Page) -
     # What the marker says is missing is exactly the bytes between line 19 and the first
     # line shown after it.
     assert said == sum(len(t) for t in lines[20 : after[0]]), (said, after[0])
+
+
+def test_widgets_on_one_page_fetch_each_library_once(page: Page) -> None:
+    """Three terminals and two charts: the libraries' model is asked once per library
+    (xterm.js, two addons, uPlot); the page evaluates each library once."""
+    for _ in range(3):
+        mount(page, TerminalWidget, {"rows": 5, "scrollback": 100}, 400)
+    for _ in range(2):
+        mount(page, ChartWidget, {"kind": "backpressure", "title": "t", "height": 120}, 400)
+    assert page.evaluate("() => document.querySelectorAll('.xterm-rows').length") == 3
+    assert page.evaluate("() => document.querySelectorAll('.sandboxkit-chart-root').length") == 2
+    assert page.evaluate("() => window.__asked") == 4
 
 
 def test_an_emoji_takes_two_cells_and_overlaps_nothing(page: Page) -> None:

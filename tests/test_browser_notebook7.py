@@ -129,6 +129,31 @@ def test_chart_canvas_has_ink(nb7: Lab, request: pytest.FixtureRequest) -> None:
         assert abs(drawn["width"] - drawn["css"] * ratio) <= 2, drawn  # type: ignore[index]
 
 
+_JS_LIBRARY_CSS = """
+() => ({
+  sheets: document.querySelectorAll(
+    "style[id='sandboxkit.notebook._frontend.FrontendLibraries']").length,
+  over: getComputedStyle(document.querySelector(".uplot .u-over")).position,
+})
+"""
+
+
+@pytest.mark.timeout(60)
+def test_the_libraries_stylesheets_reach_the_page_once(
+    nb7: Lab, request: pytest.FixtureRequest
+) -> None:
+    """xterm.css and uPlot's CSS come with the one libraries model, not with each widget:
+    one stylesheet on the page, and it applies: uPlot's cursor layer lies over the plot.
+    (Jupyter carries an xterm.css of its own, for its terminals: no witness here.)"""
+    page = _page(nb7, request)
+    with screenshot_on_failure(page, request):
+        page.locator(".sandboxkit-backpressure .uplot .u-over").first.wait_for(state="attached")
+        assert page.evaluate(_JS_LIBRARY_CSS) == {
+            "sheets": 1,
+            "over": "absolute",
+        }
+
+
 @pytest.mark.timeout(60)
 def test_kill_restart_changes_the_pid(nb7: Lab, request: pytest.FixtureRequest) -> None:
     page = _page(nb7, request)

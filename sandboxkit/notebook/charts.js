@@ -317,7 +317,7 @@ function timeline(uPlot, root, model, height, widthOf) {
 }
 
 async function render({ model, el: root }) {
-  const { default: uPlot } = await vendor("uplot");
+  const { default: uPlot } = await vendor(model, "uplot");
   const view = Math.random().toString(36).slice(2);
   root.classList.add("sandboxkit-chart-root");
   const title = el("div", "sandboxkit-chart-title", model.get("title"));

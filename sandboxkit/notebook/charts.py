@@ -33,14 +33,13 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-import anywidget
 import ipywidgets as widgets  # type: ignore[import-untyped, unused-ignore]
 import pandas as pd
 import traitlets
 from matplotlib.figure import Figure
 
 from sandboxkit.notebook._figures import new_figure
-from sandboxkit.notebook._frontend import css, esm
+from sandboxkit.notebook._frontend import HERE, VendoredWidget, esm
 from sandboxkit.notebook._runtime import AnySandbox
 from sandboxkit.notebook._widget import WidgetBase
 from sandboxkit.providers.base import metrics_scope
@@ -308,11 +307,11 @@ class TimelineData:
         }
 
 
-class ChartWidget(anywidget.AnyWidget):
+class ChartWidget(VendoredWidget):
     """uPlot in the browser (``charts.js``); fed by a chart's messages."""
 
-    _esm = esm("charts.js", "uplot")
-    _css = css("uplot.css", "charts.css")
+    _esm = esm("charts.js")
+    _css = HERE / "charts.css"
     kind = traitlets.Unicode("backpressure").tag(sync=True)
     title = traitlets.Unicode("").tag(sync=True)
     height = traitlets.Int(220).tag(sync=True)

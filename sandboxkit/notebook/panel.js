@@ -26,7 +26,7 @@ function bytesOf(buffers) {
 
 async function render({ model, el: root }) {
   const [{ Terminal }, { FitAddon }, { Unicode11Addon }] = await Promise.all(
-    [vendor("xterm"), vendor("addon-fit"), vendor("addon-unicode11")]);
+    [vendor(model, "xterm"), vendor(model, "addon-fit"), vendor(model, "addon-unicode11")]);
   const view = Math.random().toString(36).slice(2);
   root.classList.add("sandboxkit-term-root");
 

@@ -47,14 +47,13 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-import anywidget
 import ipywidgets as widgets  # type: ignore[import-untyped, unused-ignore]
 import traitlets
 
 from sandboxkit.client.commands import AsyncCommandHandle
 from sandboxkit.client.stream import GapInfo
 from sandboxkit.errors import CommandExitError, SandboxkitError
-from sandboxkit.notebook._frontend import css, esm
+from sandboxkit.notebook._frontend import HERE, VendoredWidget, esm
 from sandboxkit.notebook._runtime import AnySandbox
 from sandboxkit.notebook._widget import WidgetBase
 from sandboxkit.providers.base import UnknownGap
@@ -559,11 +558,11 @@ class DeltaPump:
         ]
 
 
-class TerminalWidget(anywidget.AnyWidget):
+class TerminalWidget(VendoredWidget):
     """xterm.js in the browser (``panel.js``); fed by :class:`ProcessPanel`'s messages."""
 
-    _esm = esm("panel.js", "xterm", "addon-fit", "addon-unicode11")
-    _css = css("xterm.css", "panel.css")
+    _esm = esm("panel.js")
+    _css = HERE / "panel.css"
     rows = traitlets.Int(20).tag(sync=True)
     scrollback = traitlets.Int(DEFAULT_SCROLLBACK).tag(sync=True)
 
