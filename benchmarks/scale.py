@@ -11,14 +11,20 @@ daemon:
 * **RSS and fds per sandbox** — the daemon's anonymous RSS (``RssAnon``: its own memory,
   not mapped file pages) and its open descriptors (``/proc/PID/fd``) with everything
   attached, less the fresh daemon's, divided by N.
-* **idle CPU** — the daemon's CPU (user + system, % of one core) over 2 s with all N
-  sandboxes idle: housekeeping and the consumers' keepalives.
+* **idle CPU** — the daemon's CPU (% of one core, from its threads' ``schedstat``) over
+  2 s with all N sandboxes idle (housekeeping and the consumers' keepalives), and what
+  that adds to the fresh daemon's (measured the same way before the first sandbox) per
+  1,000 sandboxes.
 * **``GET /sandboxes`` p50** — the whole answer read, on a kept-alive connection.
 * **the events stream, per event** — ``GET /events`` as a follower of the journal reads
   it: the p50 of a page of the 100 newest events (fewer if the journal is shorter),
-  divided by their number, and the p50 of a poll
-  at the head (no new event: the fixed cost of each poll). The journal then holds every
-  event of the N sandboxes' creation (its length is printed).
+  divided by their number, and the p50 of a poll at the head (no new event: the fixed
+  cost of each poll). The journal then holds every event of the N sandboxes' creation
+  (its length is printed).
+* **CPU per event** — the daemon's CPU per event while 100 events are recorded (an empty
+  sandbox paused and resumed), alone and with one follower per sandbox: a long poll of
+  ``/sandboxes/{id}/events`` (``wait=25``) that none of these events answers, as a view
+  of each sandbox holds. The difference is what followers cost each event.
 * **fan-out beside idle sandboxes** — one more sandbox's process writes 64 KiB blocks at
   10 MB/s; one raw-socket consumer reads it from the head for ``--seconds``; its rate
   with the N others idle, against the same producer and consumer in a daemon of its own
@@ -37,6 +43,10 @@ on loopback; every process started here is stopped.
     python benchmarks/scale.py --json             # one JSON object
     python benchmarks/scale.py --plot docs/scale.png
     python benchmarks/scale.py --isolation namespaces
+
+With ``--isolation namespaces`` the producer is a shell loop (1 MiB every 0.1 s, a little
+under 10 MB/s: the host's interpreter may be out of the namespace's reach), whose pace
+varies more; the ratio compares it with itself.
 """
 
 from __future__ import annotations
@@ -79,6 +89,10 @@ PRODUCER = (
 )
 """Writes 64 KiB blocks at ``rate`` bytes per second until it is killed."""
 
+# In namespaces the host's interpreter may be out of reach: 1 MiB every 0.1 s from the
+# shell (a little under 10 MB/s; the ratio compares it with itself).
+SHELL_PRODUCER = ["sh", "-c", "while :; do head -c 1048576 /dev/zero; sleep 0.1; done"]
+
 IDLE = ["sleep", "3600"]
 
 
@@ -90,6 +104,10 @@ class Size:
     rss_kib_per_sandbox: float
     fds_per_sandbox: float
     idle_cpu_pct: float
+    fresh_cpu_pct: float
+    """The fresh daemon's, before the first sandbox."""
+    idle_cpu_per_1000: float
+    """(idle - fresh) per 1,000 sandboxes, % of a core."""
     list_p50_ms: float
     list_bytes: int
     journal_events: int
@@ -224,7 +242,8 @@ async def fanout(
 ) -> tuple[float, float]:
     """One producer at :data:`RATE`, one consumer from its head: (MB/s, daemon CPU %)."""
     sid = await _create(http, isolation)
-    pid = await _start(http, sid, [sys.executable, "-c", PRODUCER.format(rate=RATE)])
+    producer = [sys.executable, "-c", PRODUCER.format(rate=RATE)]
+    pid = await _start(http, sid, producer if isolation == "none" else SHELL_PRODUCER)
     base = f"/sandboxes/{sid}/processes/{pid}"
     head = (await http.get(base)).json()["head"]
     consumer = Consumer()
@@ -258,6 +277,7 @@ async def measure(
     async with _client(state) as http:
         await (await http.get("/health")).aread()  # the connection, warmed
         rss0, fds0 = daemon.rss_kib(), daemon.fds()
+        fresh_cpu = await _cpu_pct(daemon, 2.0)
 
         start = time.perf_counter()
         sids = [await _create(http, isolation) for _ in range(n)]
@@ -275,9 +295,7 @@ async def measure(
         try:
             await asyncio.sleep(1.0)  # sleep-ok: let the attach work settle before reading
             rss, fds = daemon.rss_kib(), daemon.fds()
-            cpu, t0 = daemon.cpu(), time.perf_counter()
-            await asyncio.sleep(2.0)  # sleep-ok: the idle window
-            idle_cpu = (daemon.cpu() - cpu) / (time.perf_counter() - t0) * 100
+            idle_cpu = await _cpu_pct(daemon, 2.0)
 
             list_s, listed = await _p50(http, "/sandboxes", 31)
             head = (await http.get("/health")).json()["next_event"]
@@ -304,6 +322,8 @@ async def measure(
         "rss_kib_per_sandbox": (rss - rss0) / n,
         "fds_per_sandbox": (fds - fds0) / n,
         "idle_cpu_pct": idle_cpu,
+        "fresh_cpu_pct": fresh_cpu,
+        "idle_cpu_per_1000": (idle_cpu - fresh_cpu) / n * 1000,
         "list_p50_ms": list_s * 1e3,
         "list_bytes": len(listed),
         "journal_events": journal,
@@ -315,6 +335,13 @@ async def measure(
         "fanout_mb_s": rate,
         "fanout_cpu_pct": rate_cpu,
     }
+
+
+async def _cpu_pct(daemon: Daemon, seconds: float) -> float:
+    """The daemon's CPU over ``seconds``, % of one core."""
+    cpu, start = daemon.cpu(), time.perf_counter()
+    await asyncio.sleep(seconds)  # sleep-ok: the measurement's window
+    return (daemon.cpu() - cpu) / (time.perf_counter() - start) * 100
 
 
 EVENTS = 100
@@ -378,10 +405,13 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("rss_kib_per_sandbox", "RSS/sbx KiB", "{:.1f}"),
     ("fds_per_sandbox", "fds/sbx", "{:.2f}"),
     ("idle_cpu_pct", "idle CPU %", "{:.1f}"),
+    ("idle_cpu_per_1000", "… per 1,000 sbx", "{:.1f}"),
     ("list_p50_ms", "list p50 ms", "{:.2f}"),
     ("journal_events", "journal", "{:d}"),
     ("event_us", "event µs", "{:.1f}"),
     ("poll_p50_ms", "poll p50 ms", "{:.2f}"),
+    ("event_cpu_us", "CPU/event µs", "{:.0f}"),
+    ("followed_event_cpu_us", "… N followers µs", "{:.0f}"),
     ("fanout_mb_s", "fan-out MB/s", "{:.2f}"),
     ("fanout_ratio", "vs alone", "{:.2f}×"),
     ("fanout_cpu_pct", "fan-out CPU %", "{:.1f}"),
@@ -394,9 +424,12 @@ GROWTH = [
     ("idle_cpu_pct", "total"),
     ("event_us", "per event"),
     ("poll_p50_ms", "per poll"),
+    ("followed_event_cpu_us", "per event, a follower per sandbox"),
     ("rss_kib_per_sandbox", "per sandbox"),
     ("fds_per_sandbox", "per sandbox"),
+    ("idle_cpu_per_1000", "per sandbox"),
     ("create_per_s", "rate"),
+    ("start_per_s", "rate"),
 ]
 
 
@@ -414,8 +447,14 @@ def exponents(sizes: list[Size]) -> dict[str, float]:
     return out
 
 
+def isolation_note(isolation: str) -> str:
+    if isolation == "none":
+        return "isolation off: sandboxes run without namespaces (--isolation namespaces)"
+    return f"isolation {isolation}"
+
+
 def print_table(sizes: list[Size], isolation: str) -> None:
-    print(f"isolation: {isolation}" + (" (off)" if isolation == "none" else ""))
+    print(isolation_note(isolation))
     header = "| sandboxes | " + " | ".join(title for _, title, _ in COLUMNS) + " |"
     print(header)
     print("|" + "---|" * (len(COLUMNS) + 1))
@@ -444,11 +483,16 @@ def write_png(sizes: list[Size], path: Path, isolation: str) -> None:
         ("list_p50_ms", "GET /sandboxes p50 (ms)", 10.0),
         ("event_us", "GET /events, per event (µs)", None),
         ("poll_p50_ms", "GET /events poll at head, p50 (ms)", None),
-        ("idle_cpu_pct", "daemon CPU, all idle (% of a core)", None),
+        ("followed_event_cpu_us", "daemon CPU per event, a follower\nper sandbox (µs)", None),
+        (
+            "idle_cpu_per_1000",
+            "daemon CPU, all idle, above the fresh\ndaemon's, per 1,000 sandboxes (% of a core)",
+            None,
+        ),
         ("fanout_ratio", "10 MB/s fan-out beside N idle / alone", 0.9),
     ]
     xs = [s.sandboxes for s in sizes]
-    fig, axes = plt.subplots(2, 4, figsize=(14, 6.5))
+    fig, axes = plt.subplots(3, 3, figsize=(12, 9.5))
     for ax, (name, title, goal) in zip(axes.flat, panels, strict=True):
         ys = [getattr(s, name) for s in sizes]
         ax.plot(xs, ys, "o-", color="#4c72b0")
@@ -495,6 +539,7 @@ def main() -> None:
             json.dumps(
                 {
                     "isolation": args.isolation,
+                    "note": isolation_note(args.isolation),
                     "sizes": [asdict(s) for s in sizes],
                     "growth_exponents": exponents(sizes),
                 }
