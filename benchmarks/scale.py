@@ -228,7 +228,10 @@ async def _p50(http: httpx.AsyncClient, path: str, times: int) -> tuple[float, b
 async def _create(http: httpx.AsyncClient, isolation: str) -> str:
     response = await http.post("/sandboxes", json={"isolation": isolation})
     response.raise_for_status()
-    return str(response.json()["sandbox_id"])
+    answer = response.json()
+    if answer["isolation"] != isolation:  # what holds, not what was asked
+        raise SystemExit(f"asked isolation {isolation}, got {answer['isolation']}")
+    return str(answer["sandbox_id"])
 
 
 async def _start(http: httpx.AsyncClient, sid: str, argv: list[str]) -> int:
