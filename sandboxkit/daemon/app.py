@@ -517,7 +517,7 @@ class _Api:
         events = journal.since(query.since, sandbox_id=sandbox_id, pid=query.pid)
         deadline = time.monotonic() + min(query.wait, self.host.config.events_wait_max)
         while not events and (left := deadline - time.monotonic()) > 0:
-            await journal.wait(left)
+            await journal.wait(left, sandbox_id=sandbox_id)
             events = journal.since(query.since, sandbox_id=sandbox_id, pid=query.pid)
         return JsonResponse([e.to_json() for e in events])
 

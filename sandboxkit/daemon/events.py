@@ -35,7 +35,15 @@ class EventJournal:
     def __init__(self, maxlen: int = 20_000) -> None:
         self._events: deque[Event] = deque(maxlen=maxlen)
         self._next = 0
-        self._waiters: list[asyncio.Future[None]] = []
+        # Followers by the sandbox they follow (``None``: the whole journal). An event
+        # wakes its sandbox's followers and the whole journal's, no one else: with a view
+        # per sandbox, waking every follower made each event cost (followers x journal).
+        self._waiters: dict[str | None, dict[asyncio.Future[None], None]] = {}
+
+    @property
+    def waiting(self) -> int:
+        """Followers waiting for the next event."""
+        return sum(len(w) for w in self._waiters.values())
 
     @property
     def next_seq(self) -> int:
@@ -56,36 +64,57 @@ class EventJournal:
         self._next += 1
         self._events.append(event)
         if self._waiters:
-            waiters, self._waiters = self._waiters, []
-            for waiter in waiters:
-                with contextlib.suppress(RuntimeError):  # its loop is closed: nobody waits
-                    waiter.get_loop().call_soon_threadsafe(_wake, waiter)
+            self._wake(None)
+            if sandbox_id is not None:
+                self._wake(sandbox_id)
         return event
 
-    async def wait(self, timeout: float) -> None:
-        """Return when the next event is recorded, or after ``timeout`` seconds (a long
-        poll: a view hears of a lifecycle change at once, not at its next poll)."""
+    def _wake(self, key: str | None) -> None:
+        waiters = self._waiters.pop(key, None)
+        if not waiters:
+            return
+        try:
+            here = asyncio.get_running_loop()
+        except RuntimeError:  # recorded from a thread
+            here = None
+        for waiter in waiters:
+            if waiter.get_loop() is here:
+                _wake(waiter)
+            else:
+                with contextlib.suppress(RuntimeError):  # its loop is closed: nobody waits
+                    waiter.get_loop().call_soon_threadsafe(_wake, waiter)
+
+    async def wait(self, timeout: float, *, sandbox_id: str | None = None) -> None:
+        """Return when the next event is recorded (of ``sandbox_id``, if given), or after
+        ``timeout`` seconds (a long poll: a view hears of a lifecycle change at once, not
+        at its next poll)."""
         waiter = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
+        self._waiters.setdefault(sandbox_id, {})[waiter] = None
         try:
             await asyncio.wait_for(asyncio.shield(waiter), timeout)
         except TimeoutError:
             pass
         finally:
-            with contextlib.suppress(ValueError):
-                self._waiters.remove(waiter)
+            waiters = self._waiters.get(sandbox_id)
+            if waiters is not None:
+                waiters.pop(waiter, None)
+                if not waiters:
+                    del self._waiters[sandbox_id]
 
     def since(
         self, seq: int = 0, *, sandbox_id: str | None = None, pid: int | None = None
     ) -> list[Event]:
         """Events with ``seq >= seq``, optionally for one sandbox or process."""
-        return [
-            e
-            for e in self._events
-            if e.seq >= seq
-            and (sandbox_id is None or e.sandbox_id == sandbox_id)
-            and (pid is None or e.pid == pid)
-        ]
+        # Read from the newest back to ``seq``: a follower at the head pays for the events
+        # it gets, not for the journal's length (sequence numbers rise along the deque).
+        found = []
+        for e in reversed(self._events):
+            if e.seq < seq:
+                break
+            if (sandbox_id is None or e.sandbox_id == sandbox_id) and (pid is None or e.pid == pid):
+                found.append(e)
+        found.reverse()
+        return found
 
     def __len__(self) -> int:
         return len(self._events)
