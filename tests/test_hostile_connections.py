@@ -413,3 +413,25 @@ def test_ten_thousand_idle_connections_leave_authenticated_requests_served(
         f"10,000 idle: {len(latencies)} /health, slowest (ms): {worst}; "
         f"first {latencies[0] * 1000:.0f} ms"
     )
+
+
+@pytest.mark.timeout(60)
+def test_the_envd_endpoint_closes_a_slowloris_connection_too(tmp_path: Path) -> None:
+    """The e2b SDK's port is the daemon's as much as its API: the same deadlines hold."""
+    envd_port = _free_port()
+    with _served(
+        tmp_path, "--header-timeout", str(HEADER_TIMEOUT), "--envd", str(envd_port)
+    ) as daemon:
+        sock = socket.create_connection((daemon.host, envd_port), timeout=5)
+        with sock:
+            sock.sendall(b"GET /health HTTP/1.1\r\n")
+            closed_after = _closed_within(sock, 10 * HEADER_TIMEOUT, trickle=b"X" * 1000)
+        assert closed_after is not None, "a slowloris connection to envd was never closed"
+        assert closed_after >= 0.8 * HEADER_TIMEOUT
+        assert _health(daemon) < 1.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

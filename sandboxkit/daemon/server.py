@@ -153,9 +153,27 @@ class DaemonServer:
         self.bind, self.port = self._sock.getsockname()[:2]
         self.url = f"http://{self.bind}:{self.port}"
         self.host = Host(self.config)
-        # The envd-compatible endpoint for the e2b SDK (off unless asked for): its own port.
+        # The envd-compatible endpoint for the e2b SDK (off unless asked for): its own port,
+        # under the same deadlines and cap. Its clients authenticate in paths and their own
+        # headers (envd/app.py), so none is taken for an unauthenticated idler to shed.
+        self.envd_connections = ConnectionGuard(
+            token=None,
+            header_timeout=self.config.header_timeout,
+            keepalive_timeout=self.config.keepalive_timeout,
+            body_timeout=self.config.body_timeout,
+            max_connections=self.config.max_connections,
+            fds=self.connections.fds,
+        )
         self.envd = (
-            EnvdServer(self.host, bind=self.bind, port=envd_port, token=self.token)
+            EnvdServer(
+                self.host,
+                bind=self.bind,
+                port=envd_port,
+                token=self.token,
+                http=guarded_protocol(
+                    import_from_string(HTTP_PROTOCOLS[self.config.http]), self.envd_connections
+                ),
+            )
             if envd_port is not None
             else None
         )

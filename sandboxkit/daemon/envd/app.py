@@ -250,7 +250,17 @@ class _Server(uvicorn.Server):
 class EnvdServer:
     """The envd app on its own socket, served on the daemon's loop next to its API."""
 
-    def __init__(self, host: Host, *, bind: str, port: int, token: str | None) -> None:
+    def __init__(
+        self,
+        host: Host,
+        *,
+        bind: str,
+        port: int,
+        token: str | None,
+        http: type[asyncio.Protocol] | None = None,
+    ) -> None:
+        """``http``: uvicorn's HTTP protocol class to serve with (the daemon's, wrapped in
+        its connection guard: the same deadlines and cap as its API)."""
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -275,6 +285,7 @@ class EnvdServer:
                 access_log=False,
                 lifespan="off",  # the daemon's own app starts and closes the host
                 loop="asyncio",
+                http=http or "auto",
                 timeout_graceful_shutdown=1,
             )
         )
