@@ -249,6 +249,13 @@ def test_bash_block_runs_as_written(name: str, tmp_path: Path, state_file: Path)
             assert "daemon http://127.0.0.1:" in result.stdout, result.stdout
 
 
+def _anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation dropped, spaces
+    as hyphens."""
+    headings = re.findall(r"^#+ (.*)$", FENCE.sub("", page.read_text()), re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
 def test_every_reference_points_inside_the_repository() -> None:
     texts = {"README.md": README}
     for folder in ("sandboxkit", "notebooks", "docs", "binder"):
@@ -259,10 +266,15 @@ def test_every_reference_points_inside_the_repository() -> None:
         assert "DESIGN.md" not in text, name
         assert "shared design" not in text, name
         assert not re.search(r"\bOWNER/", text), f"{name}: a placeholder owner in a URL"
+    # Links between the pages: the file exists, and so does the heading an anchor names.
     for page in ["README.md", *(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md"))]:
         base = (REPO / page).parent
-        for link in re.findall(r"\]\(((?!https?://)[^)#]+)", (REPO / page).read_text()):
-            assert (base / link).exists(), f"{page}: {link}"
+        prose = FENCE.sub("", (REPO / page).read_text())
+        for target, anchor in re.findall(r"\]\(((?!https?://)[^)#]*)(?:#([^)]+))?\)", prose):
+            path = base / target if target else REPO / page
+            assert path.exists(), f"{page}: {target}"
+            if anchor:
+                assert anchor in _anchors(path), f"{page}: {target}#{anchor}: no such heading"
     catalogue = (REPO / "docs" / "failures.md").read_text()
     for n in range(1, 11):
         assert f"## F{n} " in catalogue, f"F{n}"
