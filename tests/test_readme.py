@@ -109,6 +109,16 @@ def _check_compare(out: str) -> None:
     assert re.search(r"blocking\s+\d/3", out) and re.search(r"cursor\s+0/3", out), out
 
 
+def _check_files(out: str) -> None:
+    assert out.splitlines() == [
+        "hello from a file",
+        "",
+        "print('hello from a file')",
+        "",
+        "['worker.py']",
+    ], out
+
+
 def _check_notebook(out: str) -> None:
     pass  # what it shows is widgets; the block runs to the end without an error
 
@@ -123,6 +133,7 @@ CHECKS: dict[str, Callable[[str], None]] = {
     "e2b-provider": _check_e2b_provider,
     "compare": _check_compare,
     "notebook": _check_notebook,
+    "files": _check_files,
 }
 
 
@@ -177,7 +188,7 @@ def test_the_pages_mark_every_block_this_file_runs() -> None:
         shown = [code for lang, code in FENCE.findall(text) if lang in {"python", "bash"}]
         marked = [b.code for b in BLOCKS.values() if b.page == page]
         assert sorted(shown) == sorted(marked), f"{page}: a python or bash block without a marker"
-    # Every snippet this file tested when it found blocks by position is still here.
+    # Every python block has its check, and every check its block: none was lost in a move.
     assert set(CHECKS) == set(PYTHON), (sorted(CHECKS), PYTHON)
     assert set(NOT_RUN) < set(BASH)
     assert "cli-tour" in BASH
