@@ -8,7 +8,7 @@ The public API, re-exported from focused modules::
         handle = sbx.commands.run("python -u worker.py", background=True, on_stdout=print)
         ...
 
-Errors: ``docs/errors.md``. Where each concept lives: the README's layout table.
+Errors: ``docs/errors.md``. Where each concept lives: ``docs/architecture.md``.
 """
 
 from typing import TYPE_CHECKING

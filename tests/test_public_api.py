@@ -147,26 +147,76 @@ def test_importing_the_package_loads_no_client() -> None:
     assert out[:2] == ["[]", "True True"]
 
 
-def test_readme_layout_names_every_module_and_only_real_ones() -> None:
-    # The README's "where each concept lives" table: every path in it exists, and every
-    # module of the daemon and the client is in it.
-    repo = Path(sandboxkit.__file__).resolve().parents[1]
-    text = (repo / "README.md").read_text()
-    section = text.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
-    table = "\n".join(line for line in section.splitlines() if line.startswith("|"))
+REPO = Path(sandboxkit.__file__).resolve().parents[1]
+ARCHITECTURE = REPO / "docs" / "architecture.md"
+
+
+def _layout_table() -> list[tuple[str, str]]:
+    text = ARCHITECTURE.read_text()
+    assert "\n## Where each concept lives\n" in text, "docs/architecture.md has no layout table"
+    section = text.split("\n## Where each concept lives\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("|")][2:]
+    return [
+        (concept.strip(), where.strip())
+        for concept, where in (row.strip().strip("|").split("|") for row in rows)
+    ]
+
+
+def test_architecture_layout_names_every_module_and_only_real_ones() -> None:
+    # docs/architecture.md's "where each concept lives" table: every path in it exists, and
+    # every module of the package is in it (the subpackages of daemon/ as folders).
     named: set[Path] = set()
-    base = repo
-    for row in table.splitlines()[2:]:
-        concept, where = (cell.strip() for cell in row.strip("|").split("|"))
+    base = REPO
+    for concept, where in _layout_table():
         if concept.startswith("**"):  # a layer: its own package is the base of what follows
-            packages = re.findall(r"`(sandboxkit/[\w/]+/)`", concept)
-            base = repo / packages[0] if packages else repo
+            packages = re.findall(r"`(sandboxkit/(?:[\w/]+/)?)`", concept)
+            base = REPO / packages[0] if packages else REPO
             continue
-        for token in re.findall(r"`([\w./]+(?:\.py|/))`", where):
-            path = (repo if token.startswith("sandboxkit/") else base) / token
-            assert path.exists(), f"README layout names {token}, which does not exist"
+        for token in re.findall(r"`([\w./]+(?:\.py|\.js|/))`", where):
+            path = (REPO if token.startswith("sandboxkit/") else base) / token
+            assert path.exists(), (
+                f"docs/architecture.md's layout names {token}, which does not exist"
+            )
             named.add(path.resolve())
-    for package in ("daemon", "client"):
-        for module in (repo / "sandboxkit" / package).glob("*.py"):
+    package = REPO / "sandboxkit"
+    modules = [
+        m
+        for m in package.glob("*.py")
+        if m.name not in {"__init__.py", "__main__.py", "_version.py"}
+    ]
+    for sub in ("daemon", "client", "providers", "notebook", "lab"):
+        for module in [*(package / sub).glob("*.py"), *(package / sub).glob("*.js")]:
             if module.name != "__init__.py":
-                assert module.resolve() in named, f"README layout lacks {package}/{module.name}"
+                modules.append(module)
+    modules += [p for p in (package / "daemon").iterdir() if (p / "__init__.py").exists()]
+    for module in modules:
+        assert module.resolve() in named, (
+            f"docs/architecture.md's layout lacks {module.relative_to(package)}"
+        )
+
+
+# A path as docs/architecture.md names one: a file of the package or the repository, or a
+# folder; not a runtime path (`$TMPDIR/…`, `<root>/sbx-…/`) and not an extension (`.py`).
+_PATH = re.compile(r"`(\w[\w./-]*(?:\.(?:py|js|md|sh|json)|/))`")
+# Where a bare name (`app.py`, `static/VERSIONS.md`) is looked for: the repository, then the
+# packages whose text mentions it.
+_SEARCH = [
+    "",
+    "sandboxkit",
+    *(
+        f"sandboxkit/{p}"
+        for p in ("daemon", "client", "providers", "notebook", "lab", "daemon/freezer")
+    ),
+]
+
+
+def test_architecture_names_only_paths_that_exist() -> None:
+    """Every module, file or folder docs/architecture.md names in code spans exists, so a
+    module that is moved or renamed fails here until the page follows it."""
+    text = ARCHITECTURE.read_text()
+    names = set(_PATH.findall(text))
+    assert len(names) > 30, sorted(names)  # the page names modules; the pattern finds them
+    missing = [
+        name for name in sorted(names) if not any((REPO / d / name).exists() for d in _SEARCH)
+    ]
+    assert not missing, f"docs/architecture.md names paths that do not exist: {missing}"

@@ -1,8 +1,13 @@
-"""The README is executed: every ``python`` block runs as written, in a fresh working
-directory, against a local daemon of this test's own (found and started the way a reader's
-is, through ``$SANDBOXKIT_STATE_FILE``), and prints what the README says it prints. The
-``bash`` blocks that are safe to run run too; the others are accounted for below. The
-README's first block is what CI runs (``.ci/run``)."""
+"""The README and the guide are executed: every code block they show is found by the
+marker on the line before it (``<!-- test: NAME -->``), and every ``python`` block runs as
+written, in a fresh working directory, against a local daemon of this test's own (found
+and started the way a reader's is, through ``$SANDBOXKIT_STATE_FILE``), and prints what
+the page says it prints — each block's check is keyed by its name, so moving a block, or
+adding one before it, changes nothing here. The ``bash`` blocks that are safe to run run
+too; the others are accounted for below. The README's block ``install`` is its first
+``bash`` block, which is what CI runs (``.ci/run``).
+
+Blocks that moved out of the README into ``docs/`` keep their markers and run from there."""
 
 from __future__ import annotations
 
@@ -12,7 +17,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -25,16 +31,109 @@ from sandboxkit.statefile import STATE_FILE_ENV, read_state
 
 REPO = Path(sandboxkit.__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
-BLOCKS = re.findall(r"^```(\w+)\n(.*?)^```$", README, re.M | re.S)
-PYTHON = [code for lang, code in BLOCKS if lang == "python"]
-BASH = [code for lang, code in BLOCKS if lang == "bash"]
+# The pages whose marked blocks run. In the README and the guide every python and bash
+# block carries a marker; docs/e2b.md also shows fragments with placeholders, unmarked.
+PAGES = ["README.md", "docs/guide.md", "docs/e2b.md"]
+FULLY_MARKED = {"README.md", "docs/guide.md"}
+
+MARKER = re.compile(r"^<!-- test: ([\w-]+) -->\n```(\w+)\n(.*?)^```$", re.M | re.S)
+FENCE = re.compile(r"^```(\w+)\n(.*?)^```$", re.M | re.S)
+
+
+@dataclass(frozen=True)
+class Block:
+    name: str
+    lang: str
+    code: str
+    page: str
+
+
+def _blocks() -> dict[str, Block]:
+    found: dict[str, Block] = {}
+    for page in PAGES:
+        for name, lang, code in MARKER.findall((REPO / page).read_text()):
+            assert name not in found, f"two blocks named {name!r} ({found[name].page}, {page})"
+            found[name] = Block(name, lang, code, page)
+    return found
+
+
+BLOCKS = _blocks()
+PYTHON = sorted(name for name, b in BLOCKS.items() if b.lang == "python")
+BASH = sorted(name for name, b in BLOCKS.items() if b.lang == "bash")
 
 # The bash blocks not run here, and why; every other bash block runs line by line.
-INSTALL = 0  # creates .venv and runs the demo and the whole suite: CI runs it (.ci/run)
 NOT_RUN = {
-    INSTALL: "CI runs it verbatim (.ci/run)",
-    2: "placeholders (sbx-1a2b3c4d, 4242) and long-running commands; tests/test_cli.py and "
-    "tests/test_cli_run.py run each",
+    "install": "creates .venv and runs the demo and the whole suite: CI runs it (.ci/run)",
+    "cli-reference": "placeholders (sbx-1a2b3c4d, 4242) and long-running commands; "
+    "tests/test_cli.py and tests/test_cli_run.py run each",
+}
+# The python blocks that may leave a sandbox running: the notebook one, whose sandbox
+# ends by its timeout (the page says so); the test ends it.
+LEAVES_A_SANDBOX = {"notebook"}
+
+
+def _check_quickstart(out: str) -> None:
+    # Every line of the worker, once, in order (through a pause and a reattach), then the
+    # exit code; the events and consumers tables.
+    lines = [line for line in out.splitlines() if line.startswith("line ")]
+    assert lines == [f"line {i:02d}" for i in range(20)], out
+    after = out.splitlines()[out.splitlines().index("line 19") + 1 :]
+    assert after[0] == "0", out
+    assert "sandbox.paused" in out and "sandbox.resumed" in out
+
+
+def _check_errors_exit(out: str) -> None:
+    assert re.search(r"failed with exit code 1; the end of its stderr:", out), out
+    assert "ModuleNotFoundError: No module named 'no_such_module'" in out, out
+    assert out.strip().splitlines()[-1] == "-15", out
+
+
+def _check_errors_not_found(out: str) -> None:
+    assert out.splitlines()[:2] == ["exit 0", "ResultUnavailable"], out
+
+
+def _check_lifetime(out: str) -> None:
+    assert out.strip().splitlines()[-1] == "['running']", out
+
+
+def _check_e2b_sdk(out: str) -> None:
+    assert "hello from e2b" in out and "['1', '2', '3']" in out, out
+    assert "resumed" in out and "True" in out, out
+
+
+def _check_e2b_provider(out: str) -> None:
+    assert "['line 1', 'line 2', 'line 3']" in out and "as seen by this client" in out, out
+
+
+def _check_compare(out: str) -> None:
+    assert re.search(r"blocking\s+\d/3", out) and re.search(r"cursor\s+0/3", out), out
+
+
+def _check_files(out: str) -> None:
+    assert out.splitlines() == [
+        "hello from a file",
+        "",
+        "print('hello from a file')",
+        "",
+        "['worker.py']",
+    ], out
+
+
+def _check_notebook(out: str) -> None:
+    pass  # what it shows is widgets; the block runs to the end without an error
+
+
+# What each python block prints, by name.
+CHECKS: dict[str, Callable[[str], None]] = {
+    "quickstart": _check_quickstart,
+    "errors-exit": _check_errors_exit,
+    "errors-not-found": _check_errors_not_found,
+    "lifetime": _check_lifetime,
+    "e2b-sdk": _check_e2b_sdk,
+    "e2b-provider": _check_e2b_provider,
+    "compare": _check_compare,
+    "notebook": _check_notebook,
+    "files": _check_files,
 }
 
 
@@ -83,11 +182,24 @@ def _run(args: list[str], cwd: Path, state_file: Path) -> subprocess.CompletedPr
     )
 
 
-def test_the_readme_has_what_this_file_runs() -> None:
-    assert len(PYTHON) >= 5
-    assert set(NOT_RUN) < set(range(len(BASH)))
-    install = BASH[INSTALL].strip().splitlines()
-    assert len(install) == 2, "the README's first block is its two commands"
+def test_the_pages_mark_every_block_this_file_runs() -> None:
+    for page in FULLY_MARKED:
+        text = (REPO / page).read_text()
+        shown = [code for lang, code in FENCE.findall(text) if lang in {"python", "bash"}]
+        marked = [b.code for b in BLOCKS.values() if b.page == page]
+        assert sorted(shown) == sorted(marked), f"{page}: a python or bash block without a marker"
+    # Every python block has its check, and every check its block: none was lost in a move.
+    assert set(CHECKS) == set(PYTHON), (sorted(CHECKS), PYTHON)
+    assert set(NOT_RUN) < set(BASH)
+    assert "cli-tour" in BASH
+    assert BLOCKS["quickstart"].page == "README.md", "the README's one example"
+    install = BLOCKS["install"]
+    assert install.page == "README.md"
+    first_bash = next(code for lang, code in FENCE.findall(README) if lang == "bash")
+    assert first_bash == install.code, "the README's first bash block is `install`"
+    assert len(install.code.strip().splitlines()) == 2, (
+        "the README's first block is its two commands"
+    )
 
 
 def test_ci_runs_the_readmes_two_commands_verbatim(tmp_path: Path) -> None:
@@ -95,7 +207,8 @@ def test_ci_runs_the_readmes_two_commands_verbatim(tmp_path: Path) -> None:
     tests is the README's text; this runs its extraction and compares."""
     ci = (REPO / ".ci" / "run").read_text()
     assert "install-system.sh" in ci
-    expected = [line.split("  #")[0].strip() for line in BASH[INSTALL].strip().splitlines()]
+    install = BLOCKS["install"].code
+    expected = [line.split("  #")[0].strip() for line in install.strip().splitlines()]
     extract = re.search(r"^readme_commands\(\) \{\n(.*?)^\}", ci, re.M | re.S)
     assert extract, "no readme_commands() in .ci/run"
     got = subprocess.run(
@@ -111,54 +224,32 @@ def test_ci_runs_the_readmes_two_commands_verbatim(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("index", range(len(PYTHON)), ids=lambda i: f"python-{i + 1}")
-def test_python_block_runs_as_written(index: int, tmp_path: Path, state_file: Path) -> None:
-    code = PYTHON[index]
-    result = _run([sys.executable, "-c", code], tmp_path, state_file)
-    assert result.returncode == 0, f"block {index + 1}:\n{code}\n{result.stdout}\n{result.stderr}"
+@pytest.mark.parametrize("name", PYTHON)
+def test_python_block_runs_as_written(name: str, tmp_path: Path, state_file: Path) -> None:
+    block = BLOCKS[name]
+    result = _run([sys.executable, "-c", block.code], tmp_path, state_file)
+    where = f"{block.page}, block {name}"
+    assert result.returncode == 0, f"{where}:\n{block.code}\n{result.stdout}\n{result.stderr}"
     assert "Traceback" not in result.stderr, result.stderr
     assert "Task exception was never retrieved" not in result.stderr, result.stderr
-    out = result.stdout
-    # What the block left running: only a block that says so (the notebook one, whose
-    # sandbox ends by its timeout) may leave a live sandbox; the test ends it.
+    # What the block left running: only a block that says so may leave a live sandbox.
     state = read_state(state_file)
     assert state is not None
     live = [s for s in Sandbox.list(url=state.url, token=state.token) if s.state != "killed"]
     for info in live:
         Sandbox.connect(info.sandbox_id, url=state.url, token=state.token).kill()
-    if "ends by itself" not in code:
-        assert live == [], f"block {index + 1} left {live}"
-    if "worker.py" in code:
-        # Every line of the worker, once, in order (through a pause and a reattach), then
-        # the exit code; the events and consumers tables.
-        lines = [line for line in out.splitlines() if line.startswith("line ")]
-        assert lines == [f"line {i:02d}" for i in range(20)], out
-        after = out.splitlines()[out.splitlines().index("line 19") + 1 :]
-        assert after[0] == "0", out
-        assert "sandbox.paused" in out and "sandbox.resumed" in out
-    if "no_such_module" in code:
-        assert re.search(r"failed with exit code 1; the end of its stderr:", out), out
-        assert "ModuleNotFoundError: No module named 'no_such_module'" in out, out
-        assert out.strip().splitlines()[-1] == "-15", out
-    if "set_timeout" in code:
-        assert out.strip().splitlines()[-1] == "['running']", out
-    if "debug=True" in code:
-        assert "hello from e2b" in out and "['1', '2', '3']" in out, out
-    if "api_url" in code:
-        assert "resumed" in out and "True" in out, out
-    if 'provider="e2b"' in code:
-        assert "['line 1', 'line 2', 'line 3']" in out and "as seen by this client" in out, out
-    if "compare(" in code:
-        assert re.search(r"blocking\s+\d/3", out) and re.search(r"cursor\s+0/3", out), out
+    if name in LEAVES_A_SANDBOX:
+        assert "ends by itself" in block.code, f"{where} leaves a sandbox and must say so"
+    else:
+        assert live == [], f"{where} left {live}"
+    CHECKS[name](result.stdout)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize(
-    "index", [i for i in range(len(BASH)) if i not in NOT_RUN], ids=lambda i: f"bash-{i + 1}"
-)
-def test_bash_block_runs_as_written(index: int, tmp_path: Path, state_file: Path) -> None:
-    for line in BASH[index].strip().splitlines():
+@pytest.mark.parametrize("name", [name for name in BASH if name not in NOT_RUN])
+def test_bash_block_runs_as_written(name: str, tmp_path: Path, state_file: Path) -> None:
+    for line in BLOCKS[name].code.strip().splitlines():
         command = line.split("  #")[0].strip()
         result = _run(["bash", "-c", command], tmp_path, state_file)
         assert result.returncode == 0, f"{command}:\n{result.stdout}\n{result.stderr}"
@@ -167,6 +258,13 @@ def test_bash_block_runs_as_written(index: int, tmp_path: Path, state_file: Path
             assert "nothing is left running" in result.stdout
         if command == "sandboxkit status":
             assert "daemon http://127.0.0.1:" in result.stdout, result.stdout
+
+
+def _anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation dropped, spaces
+    as hyphens."""
+    headings = re.findall(r"^#+ (.*)$", FENCE.sub("", page.read_text()), re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
 
 
 def test_every_reference_points_inside_the_repository() -> None:
@@ -179,8 +277,15 @@ def test_every_reference_points_inside_the_repository() -> None:
         assert "DESIGN.md" not in text, name
         assert "shared design" not in text, name
         assert not re.search(r"\bOWNER/", text), f"{name}: a placeholder owner in a URL"
-    for link in re.findall(r"\]\(((?!https?://)[^)#]+)", README):
-        assert (REPO / link).exists(), link
+    # Links between the pages: the file exists, and so does the heading an anchor names.
+    for page in ["README.md", *(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md"))]:
+        base = (REPO / page).parent
+        prose = FENCE.sub("", (REPO / page).read_text())
+        for target, anchor in re.findall(r"\]\(((?!https?://)[^)#]*)(?:#([^)]+))?\)", prose):
+            path = base / target if target else REPO / page
+            assert path.exists(), f"{page}: {target}"
+            if anchor:
+                assert anchor in _anchors(path), f"{page}: {target}#{anchor}: no such heading"
     catalogue = (REPO / "docs" / "failures.md").read_text()
     for n in range(1, 11):
         assert f"## F{n} " in catalogue, f"F{n}"
