@@ -2,6 +2,8 @@
 run, in interleaved rounds (a slow spell on a noisy machine lands on both alike).
 
 - create + first command (``run(["true"])``), p50 per round;
+- a command in a running sandbox (``run(["true"])`` again), p50 per round, beside an
+  asyncio spawn + wait of ``true`` in this process (issue 22's anchor);
 - pause + resume of a sandbox running 4 processes, p50 per round;
 - fan-out: one process writing ``--mb`` MiB (``head -c``, no interpreter path needed),
   read by 4 SDK consumers at once; seconds per round.
@@ -38,6 +40,27 @@ async def create_first(info: Any, mode: str, tries: int) -> float:
         await sbx.commands.run(["true"])
         times.append(time.perf_counter() - start)
         await sbx.kill()
+    return statistics.median(times)
+
+
+async def run_true(info: Any, mode: str, tries: int) -> float:
+    times = []
+    async with await AsyncSandbox.create(url=info.url, token=info.token, isolation=mode) as sbx:  # type: ignore[arg-type]
+        await sbx.commands.run(["true"])
+        for _ in range(tries):
+            start = time.perf_counter()
+            await sbx.commands.run(["true"])
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+async def spawn_wait(tries: int) -> float:
+    times = []
+    for _ in range(tries):
+        start = time.perf_counter()
+        child = await asyncio.create_subprocess_exec("true")
+        await child.wait()
+        times.append(time.perf_counter() - start)
     return statistics.median(times)
 
 
@@ -89,20 +112,26 @@ def main() -> None:
     if not probe().available:
         raise SystemExit(f"no namespaces here: {probe().reason}")
     figures: dict[str, dict[str, list[float]]] = {
-        name: {m: [] for m in MODES} for name in ("create_first_ms", "pause_resume_ms", "fanout_s")
+        name: {m: [] for m in MODES}
+        for name in ("create_first_ms", "run_true_ms", "pause_resume_ms", "fanout_s")
     }
+    spawns: list[float] = []
     retention = str((args.mb + 8) << 20)
     with local_daemon("--retention-bytes", retention) as (_, info):
         for r in range(args.rounds + 1):  # round 0 warms up
             order = MODES if r % 2 else MODES[::-1]
             for mode in order:
                 cf = asyncio.run(create_first(info, mode, args.tries)) * 1e3
+                rt = asyncio.run(run_true(info, mode, args.tries)) * 1e3
                 pr = asyncio.run(pause_resume(info, mode, args.tries)) * 1e3
                 fo = asyncio.run(fanout(info, mode, args.mb))
                 if r:
                     figures["create_first_ms"][mode].append(cf)
+                    figures["run_true_ms"][mode].append(rt)
                     figures["pause_resume_ms"][mode].append(pr)
                     figures["fanout_s"][mode].append(fo)
+            if r:
+                spawns.append(asyncio.run(spawn_wait(args.tries)) * 1e3)
     summary = {
         name: {
             "none": statistics.median(by["none"]),
@@ -112,6 +141,8 @@ def main() -> None:
         }
         for name, by in figures.items()
     }
+    spawn = statistics.median(spawns)
+    summary["run_true_ms"]["spawn"] = spawn
     if args.json:
         print(json.dumps(summary))
         return
@@ -121,6 +152,11 @@ def main() -> None:
             f"{name:28} {s['none']:10.3f} {s['namespaces']:11.3f} {s['ratio']:7.2f}"
             f" {s['added']:+9.3f}"
         )
+    run = summary["run_true_ms"]
+    print(
+        f"asyncio spawn + wait of true: {spawn:.3f} ms; run(['true']) is "
+        f"{run['none'] / spawn:.2f}x it without isolation, {run['namespaces'] / spawn:.2f}x with"
+    )
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from sandboxkit.daemon.isolation import (
     resolve_mode,
     write_accounts,
 )
+from sandboxkit.daemon.launch import shell_ulimit
 from sandboxkit.daemon.limits import LimitEnforcer
 from sandboxkit.daemon.process import ManagedProcess
 from sandboxkit.daemon.recovery import ROOT_PREFIX, RootLock, claim_root, recover
@@ -92,8 +93,10 @@ class Host:
         """End what dead daemons left behind (see :mod:`~sandboxkit.daemon.recovery`),
         then start housekeeping (idle timeouts, result TTLs)."""
         if self._housekeeper is None:
-            # Tried once, off the loop: a create then never waits for bwrap to answer.
+            # Tried once, off the loop: a create then never waits for bwrap (or the
+            # shell's ulimit, see daemon/launch.py) to answer.
             await asyncio.to_thread(probe)
+            await asyncio.to_thread(shell_ulimit)
             try:
                 reports = await asyncio.to_thread(recover)
             except Exception as exc:  # best effort: never keep the daemon from serving

@@ -180,8 +180,8 @@ class NamespacePlan:
     hostname: str
     bwrap: str
     prefix: tuple[str, ...] = ()
-    """Run before bwrap: the limits' ``prlimit`` and, for a root daemon, the drop to
-    :data:`SANDBOX_HOST_UID`."""
+    """Run before bwrap (after the cgroup and limits wrapper): for a root daemon, the
+    drop to :data:`SANDBOX_HOST_UID`."""
 
     def wrap(self, user: str | None, cwd: str | None) -> tuple[list[str], dict[str, str], str]:
         """For one launch: the argv to put before the command, the base environment, and
@@ -224,33 +224,42 @@ class NamespacePlan:
 
     def argv(self, cwd_inside: str, user: str) -> list[str]:
         """``bwrap`` options, ending in ``--``: put the command's argv after it."""
-        uid = 0 if user == "root" else USER_UID
-        argv = [self.bwrap, *_UNSHARE]
+        uid = str(0 if user == "root" else USER_UID)
+        head, mounts, accounts = self._options
+        root_home = ["--dir", "/root"] if user == "root" else []
+        return [*head, "--uid", uid, "--gid", uid, *mounts, *root_home, *accounts,
+                "--chdir", cwd_inside, "--"]  # fmt: skip
+
+    @functools.cached_property
+    def _options(self) -> tuple[list[str], list[str], list[str]]:
+        """The options every launch of this sandbox shares (before ``--uid``, the mounts,
+        the account files), worked out once: finding which host directories exist and
+        which the dropped account can reach took most of a millisecond per launch. What
+        a launch sees is fixed when its sandbox is made, as its ``hide`` list is."""
+        head = [self.bwrap, *_UNSHARE]
         if not self.internet:
-            argv.append("--unshare-net")
-        argv += ["--uid", str(uid), "--gid", str(uid), "--hostname", self.hostname]
-        argv += ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
+            head.append("--unshare-net")
+        mounts = ["--hostname", self.hostname]
+        mounts += ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
         covered = (*_HIDDEN, *self.hide)
         hidden = _existing_dirs(covered)
         for place in hidden:
             # Each mount costs bwrap time: none below /tmp (replaced whole) or below
             # another hidden place.
             if not _under(place, (TMP, *(h for h in hidden if h != place))):
-                argv += ["--tmpfs", place]
-        argv += ["--bind", str(self.home), HOME, "--bind", str(self.tmp), TMP]
+                mounts += ["--tmpfs", place]
+        mounts += ["--bind", str(self.home), HOME, "--bind", str(self.tmp), TMP]
         # The daemon's interpreter stays usable inside (it may live in a hidden home, or
         # in a venv under the host's /tmp).
         for keep in _existing_dirs(_python_dirs()):
             if _under(keep, (*covered, TMP)) and (not self.prefix or _world_reachable(keep)):
-                argv += ["--ro-bind", keep, keep]
-        if user == "root":
-            argv += ["--dir", "/root"]
+                mounts += ["--ro-bind", keep, keep]
+        accounts: list[str] = []
         for name in ("passwd", "group"):
-            argv += ["--ro-bind", str(self.etc / name), f"/etc/{name}"]
+            accounts += ["--ro-bind", str(self.etc / name), f"/etc/{name}"]
         # No --clearenv: bwrap passes on its own environment, which the daemon builds
         # from :meth:`env` alone (nothing of the daemon's own environment leaks in).
-        argv += ["--chdir", cwd_inside, "--"]
-        return argv
+        return head, mounts, accounts
 
 
 def _account(user: str | None) -> str:

@@ -27,10 +27,10 @@ import contextlib
 import logging
 import os
 import re
-import shutil
 from pathlib import Path
 from typing import Final
 
+from sandboxkit.daemon.launch import wrapper
 from sandboxkit.limits import Limits
 
 __all__ = ["LimitEnforcer"]
@@ -39,8 +39,6 @@ logger = logging.getLogger(__name__)
 
 _V1_ROOT: Final = Path("/sys/fs/cgroup")
 _PERIOD_US: Final = 100_000
-_JOIN: Final = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 126; shift; done; shift; exec "$@"'
-"""A ``/bin/sh`` wrapper that joins each cgroup named before ``--``, then execs the rest."""
 
 
 class LimitEnforcer:
@@ -134,17 +132,12 @@ class LimitEnforcer:
 
     # -- per launch ------------------------------------------------------------------
 
-    def launch_prefix(self) -> list[str]:
-        """The argv to put before a launch (after the freezer's): joins the v1 cgroups,
-        then applies the rlimits (``prlimit``, util-linux)."""
-        argv: list[str] = []
-        if self._v1:
-            argv += ["/bin/sh", "-c", _JOIN, "sh"]
-            argv += [str(d / "cgroup.procs") for d in self._v1.values()] + ["--"]
-        if self._rlimits:
-            prlimit = shutil.which("prlimit") or "prlimit"
-            argv += [prlimit, *(f"--{r}={v}:{v}" for r, v in self._rlimits.items()), "--"]
-        return argv
+    def launch_prefix(self, freezer_joins: list[str]) -> list[str]:
+        """The argv to start a launch with, in place of the freezer's own wrapper: one
+        ``/bin/sh`` that joins ``freezer_joins`` and the v1 cgroups, then applies the
+        rlimits (see :mod:`~sandboxkit.daemon.launch`)."""
+        joins = [*freezer_joins, *(str(d / "cgroup.procs") for d in self._v1.values())]
+        return wrapper(joins, self._rlimits)
 
     def oom_kills(self) -> int:
         """How many processes the kernel's OOM killer has ended in this sandbox so far."""

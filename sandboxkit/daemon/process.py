@@ -333,8 +333,13 @@ class ManagedProcess:
         # The owner mark last: a request cannot claim another sandbox's processes.
         env = {**own_env, **base_env, **self.spec.envs, **freezer.launch_env(self.launch)}
         self._limits = limits
-        bounds = limits.launch_prefix() if limits is not None else []
-        argv = freezer.launch_prefix() + bounds + wrap + self.spec.command_line()
+        # With limits, one wrapper joins every cgroup and sets the rlimits (one exec).
+        prefix = (
+            limits.launch_prefix(freezer.cgroup_joins())
+            if limits is not None
+            else freezer.launch_prefix()
+        )
+        argv = prefix + wrap + self.spec.command_line()
         check_exec_size(argv, env, argv_field="argv" if self.spec.argv is not None else "cmd")
         budget = FdBudget.current(self.config.fd_reserve)
         budget.check_spawn()  # out of descriptors: a typed 503, not a "bad command"

@@ -51,6 +51,12 @@ class Freezer(abc.ABC):
         """The argv prefix to put before each process's argv (cgroup: a wrapper that joins
         the sandbox's cgroup before ``exec``; signals: nothing)."""
 
+    def cgroup_joins(self) -> list[str]:
+        """The ``cgroup.procs`` files a launch writes its pid to before anything else runs
+        (what :meth:`launch_prefix` joins, for a wrapper that also does more: see
+        :mod:`~sandboxkit.daemon.launch`)."""
+        return []
+
     def launch_env(self, launch: str) -> dict[str, str]:
         """Environment for the process of ``launch``: its owner mark."""
         return {MARK_VAR: str(daemon_mark(self.sandbox_id, launch))}

@@ -88,6 +88,12 @@ class CgroupFreezer(Freezer):
             raise RuntimeError("freezer is closed")
         return ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(self._procs_file)]
 
+    def cgroup_joins(self) -> list[str]:
+        """The cgroup's ``cgroup.procs``."""
+        if self._closed:
+            raise RuntimeError("freezer is closed")
+        return [str(self._procs_file)]
+
     def _contains(self, pid: int) -> bool:
         """True if ``pid`` is in this cgroup or one below it."""
         cgpath = cgroup2_path_of(pid)
