@@ -107,6 +107,7 @@ async def test_consumers_that_leave_have_the_heap_trimmed(
     monkeypatch.setattr(heap, "_trim", lambda pad: trims.append(pad) or 1)
     monkeypatch.setattr(heap, "gc", SimpleNamespace(collect=lambda: collections.append(1)))
     monkeypatch.setattr(heap, "_last", -heap.MIN_INTERVAL)
+    monkeypatch.setattr(heap, "_collected", -heap.COLLECT_INTERVAL)
     monkeypatch.setattr(heap, "_owed", 0)
     monkeypatch.setattr(heap, "_later", None)
     sbx = await host.create_sandbox()
@@ -122,6 +123,30 @@ async def test_consumers_that_leave_have_the_heap_trimmed(
     assert process.log.memory_bytes > 0  # its log kept its cache: no log was dropped
     # Connections are reference cycles that lived long: collected before the trim.
     assert collections
+
+
+def test_full_collections_before_a_trim_are_rare_however_often_consumers_leave(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A full collection stops the loop for as long as the heap is large: consumers that
+    come and go every second (a chaos test's, a reconnecting client's) get a trim every
+    second but a collection once per COLLECT_INTERVAL."""
+    clock = [1000.0]
+    collections: list[int] = []
+    monkeypatch.setattr(heap.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(heap, "_trim", lambda pad: 1)
+    monkeypatch.setattr(heap, "gc", SimpleNamespace(collect=lambda: collections.append(1)))
+    monkeypatch.setattr(heap, "_last", -heap.MIN_INTERVAL)
+    monkeypatch.setattr(heap, "_collected", -heap.COLLECT_INTERVAL)
+    monkeypatch.setattr(heap, "_owed", 0)
+    monkeypatch.setattr(heap, "_later", None)
+    trims = 0
+    for _ in range(20):  # 20 s of consumers leaving every second
+        heap.released_soon(heap.THRESHOLD)
+        clock[0] += heap.MIN_INTERVAL
+        trims += heap.released(0)
+    assert trims == 20
+    assert len(collections) == 1
 
 
 def test_slow_readers_of_the_daemon_never_have_more_than_the_bound_in_its_transports(

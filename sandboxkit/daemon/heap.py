@@ -21,7 +21,7 @@ import platform
 import time
 from collections.abc import Callable
 
-__all__ = ["MIN_INTERVAL", "SETTLE", "THRESHOLD", "released", "released_soon"]
+__all__ = ["COLLECT_INTERVAL", "MIN_INTERVAL", "SETTLE", "THRESHOLD", "released", "released_soon"]
 
 THRESHOLD = 1 << 20
 """Releases smaller than this (bytes) are left to the allocator."""
@@ -32,6 +32,11 @@ MIN_INTERVAL = 1.0
 
 SETTLE = 0.5
 """Seconds a trim waits after :func:`released_soon`, for the memory to be freed."""
+
+COLLECT_INTERVAL = 30.0
+"""Seconds between two full garbage collections before a trim. A full collection stops
+the daemon's loop for as long as it takes to walk every object (tens to hundreds of ms in
+a large process): consumers that come and go every second must not pay it every second."""
 
 
 def _find_trim() -> Callable[[int], int] | None:
@@ -52,6 +57,7 @@ _owed = 0
 _later: asyncio.TimerHandle | None = None
 _later_loop: asyncio.AbstractEventLoop | None = None
 _collect = False  # a full garbage collection first (see released_soon)
+_collected = -COLLECT_INTERVAL
 
 
 def released(size: int) -> bool:
@@ -61,7 +67,7 @@ def released(size: int) -> bool:
     Within :data:`MIN_INTERVAL` of the last trim, the trim is put off to the end of the
     interval (on the running event loop, if any), so the last of a burst of releases is
     given back too."""
-    global _last, _owed, _later, _collect
+    global _last, _owed, _later, _collect, _collected
     _owed += size
     if _trim is None or _owed < THRESHOLD:
         return False
@@ -71,8 +77,9 @@ def released(size: int) -> bool:
             _later.cancel()
             _later = None
         _last, _owed = time.monotonic(), 0
-        if _collect:
+        if _collect and _last - _collected >= COLLECT_INTERVAL:
             _collect = False
+            _collected = _last
             gc.collect()
         _trim(0)
         return True
