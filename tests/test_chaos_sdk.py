@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from conftest import fast_config
+from support import fast_config
 
 from sandboxkit import AsyncSandbox
 from sandboxkit.client.commands import AsyncCommandHandle

@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 
 import h11
 import pytest
-from conftest import fast_config
+from support import fast_config
 from test_chaos_sdk import PRODUCER, _expected
 
 from sandboxkit import AsyncSandbox

@@ -12,7 +12,6 @@ import time
 import e2b
 import httpx
 import pytest
-from conftest import wait_until
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
 from e2b import AsyncSandbox, CommandExitException, NotFoundException, TimeoutException
@@ -24,6 +23,7 @@ from e2b.exceptions import (
     RateLimitException,
 )
 from e2b.sandbox.commands.command_handle import PtySize
+from support import wait_until
 
 from sandboxkit.client.sync import Sandbox
 from sandboxkit.daemon.envd.connect import from_sandboxkit

@@ -14,11 +14,11 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import fast_config, wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.applications import Starlette
 from starlette.routing import Route
+from support import fast_config, wait_until
 
 import sandboxkit.errors as errors_module
 from sandboxkit import AsyncSandbox

@@ -20,8 +20,8 @@ from typing import Any
 import httpx
 import psutil
 import pytest
-from conftest import wait_until
 from e2b import Sandbox as E2BSandbox
+from support import wait_until
 
 from sandboxkit.client.sync import Sandbox
 from sandboxkit.daemon import sandbox_paths

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import fast_config, wait_until
 from freezer_support import alive, served
+from support import fast_config, wait_until
 
 from sandboxkit import (
     CommandExitError,

@@ -23,7 +23,7 @@ import httpx
 import pandas as pd
 import psutil
 import pytest
-from conftest import child_env, fast_config
+from support import child_env, fast_config
 from support import poll as _poll
 
 from sandboxkit import AsyncSandbox

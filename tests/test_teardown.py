@@ -21,8 +21,8 @@ from typing import Any
 import httpx
 import psutil
 import pytest
-from conftest import fast_config, wait_until
 from freezer_support import served
+from support import fast_config, wait_until
 from support import poll as _poll
 
 from sandboxkit import AsyncSandbox, Sandbox, SandboxClosed

@@ -15,8 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import fast_config, wait_until
-from support import poll
+from support import fast_config, poll, wait_until
 
 from sandboxkit import AsyncSandbox, Sandbox
 from sandboxkit.client.stream import GapInfo

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import child_env, fast_config
+from support import child_env, fast_config
 from support import poll as _poll
 
 import sandboxkit
