@@ -52,6 +52,7 @@ def http(daemon: DaemonServer) -> Iterator[httpx.Client]:
         yield client
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_api_fuzz_finds_no_server_error(daemon: DaemonServer, http: httpx.Client) -> None:
     schema = schemathesis.openapi.from_dict(http.get("/openapi.json").json())

@@ -175,6 +175,7 @@ async def _raw_replay(conn: dict[str, str], seed: int, size: int, seconds: float
 
 
 @pytest.mark.timeout(120 if not _LONG_MB else 3600)
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [5, 17])
 async def test_raw_consumers_cut_at_random_replay_byte_exact(
     conn: dict[str, str], seed: int

@@ -288,6 +288,7 @@ def test_demo_tour(tmp_path: Path) -> None:
     assert [p for p in left if not gone(p.pid)] == []
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_tour_is_exact_ten_times_in_a_row(
     conn: dict[str, str], capsys: pytest.CaptureFixture[str]
@@ -426,6 +427,7 @@ def test_ps_logs_kill_and_status_from_a_terminal(served: Served) -> None:
 # -- 12. one install, one daemon ---------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_a_daemon_of_another_install_is_left_alone(
     tmp_path: Path, daemon: Any, monkeypatch: pytest.MonkeyPatch
@@ -464,6 +466,7 @@ def test_a_daemon_of_another_install_is_left_alone(
     assert read_state(path) == foreign
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_logs_follow_shows_each_pause_and_resume_within_1s(served: Served) -> None:
     """Issue 20: the status a terminal reader sees follows the sandbox's lifecycle, whoever

@@ -211,6 +211,7 @@ def _start(
     return _events(response.content)
 
 
+@pytest.mark.slow
 def test_keepalives_at_the_requested_interval_and_zero_is_none(envd: DaemonServer) -> None:
     events = _start(envd, "sleep 0.5; printf '\\377'", "0.05")
     keepalives = [e for f, e in events if e.get("event") == {"keepalive": {}}]
@@ -289,6 +290,7 @@ def test_reattach_after_pause_resume_with_ghosts(envd: DaemonServer) -> None:
         own.kill()
 
 
+@pytest.mark.slow
 async def test_lab_reattach_with_the_e2b_sdk_blocking_stalls_cursor_does_not(
     envd: DaemonServer,
 ) -> None:

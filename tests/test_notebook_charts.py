@@ -236,6 +236,7 @@ def test_backpressure_sends_samples_only_when_consumers_change(conn: dict[str, A
         chart.close()  # idempotent
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(30)
 async def test_backpressure_ticker_polls_at_most_twice_a_second(conn: dict[str, Any]) -> None:
     async with await AsyncSandbox.create(**conn) as sbx:

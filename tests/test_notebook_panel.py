@@ -51,6 +51,14 @@ PACED = [
     "        time.sleep(delay)\n"
     "    print(i, flush=True)\n",
 ]
+# The counter, its first 2000 lines at once: a long output without waiting for it.
+BURST_THEN_COUNTER = [
+    sys.executable,
+    "-u",
+    "-c",
+    "import time\nfor i in range(10**7):\n    print(i, flush=True)\n    "
+    "time.sleep(0.002 if i >= 2000 else 0)\n",  # sleep-ok: the child process's pace
+]
 # A "begin" line, then the counter: one "begin" per process run.
 MARKED = [
     sys.executable,
@@ -405,7 +413,7 @@ def test_sync_panel_sends_each_byte_once_in_order(open_panel: OpenPanel) -> None
 
 @pytest.mark.timeout(30)
 def test_a_view_that_renders_gets_a_snapshot_then_deltas(open_panel: OpenPanel) -> None:
-    _sbx, _pid, panel = open_panel(COUNTER, tail_bytes=4096)
+    _sbx, _pid, panel = open_panel(BURST_THEN_COUNTER, tail_bytes=4096)
     wait_until(lambda: panel.line_count >= 2000, timeout=15, what="lines")
     panel._on_frontend_message(panel.terminal, {"type": "hello", "view": "v1"}, [])
     snapshot = [(m, b) for m, b in custom(panel) if m["type"] == "snapshot"]
@@ -718,6 +726,7 @@ async def test_stalled_badge_for_paused_process_with_pending_output(
 
 
 @pytest.mark.timeout(40)
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["sync", "async"])
 async def test_throttle_at_1000_lines_per_second(conn: dict[str, Any], kind: str) -> None:
     sbx: Sandbox | AsyncSandbox = (

@@ -269,6 +269,7 @@ def _ghost_stream(server: DaemonServer, sandbox_id: str, pid: int) -> socket.soc
     return ghost
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 async def test_stopped_daemon_leaves_no_process_and_stops_in_bounded_time() -> None:
     config = fast_config()

@@ -351,6 +351,7 @@ def test_the_panel_follows_a_restart_made_elsewhere_within_1s(conn: dict[str, An
             panel.close()
 
 
+@pytest.mark.slow
 async def test_the_timeline_shows_pauses_by_others_within_1s(conn: dict[str, Any]) -> None:
     """The timeline (inside a kernel: a running loop) draws a pause and its end within a
     second of the action, whoever made it, three times in a row."""

@@ -242,6 +242,7 @@ def _served(tmp_path: Path) -> Iterator[tuple[DaemonState, subprocess.Popen[byte
             proc.wait(5)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 async def test_a_frozen_daemon_is_reported_to_a_stream_within_two_keepalives(
     tmp_path: Path,
