@@ -10,7 +10,8 @@ import subprocess
 import sys
 
 import pytest
-from test_cli import Served, cli, served, stop_daemon, wait_for
+from support import wait_until
+from test_cli import Served, cli, served, stop_daemon
 
 from sandboxkit import Sandbox
 
@@ -78,7 +79,7 @@ def test_logs_follow_prints_its_resume_cursor_on_sigterm(served: Served) -> None
         handle = sbx.commands.run(
             "for i in $(seq 1 3); do echo line $i; done; read x; echo after $x", background=True
         )
-        wait_for(lambda: "line 3" in handle.stdout, what="output")
+        wait_until(lambda: "line 3" in handle.stdout, what="output")
         logs = [sys.executable, "-m", "sandboxkit", "logs", sbx.sandbox_id, str(handle.pid)]
         follower = subprocess.Popen(
             [*logs, "--follow", "--state-file", str(served.state_path)],
