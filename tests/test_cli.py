@@ -181,6 +181,7 @@ def test_sigterm_to_the_daemon_unpublishes_its_state_file(served: Served) -> Non
 # -- 8. ensure_local_daemon ---------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_ensure_local_daemon_starts_one_and_reuses_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -264,6 +265,7 @@ def test_stop_leaves_no_sandbox_process_behind(served: Served) -> None:
 # -- 10. demo ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_demo_tour(tmp_path: Path) -> None:
     state_path = tmp_path / "demo" / "daemon.json"

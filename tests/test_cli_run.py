@@ -49,6 +49,7 @@ def test_run_follow_in_a_new_sandbox_exits_with_the_commands_code(served: Served
         stop_daemon(served.state_path, served.env)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_run_in_a_named_sandbox_prints_its_id_and_pid(served: Served) -> None:
     state = served.wait_ready()
@@ -71,6 +72,7 @@ def test_run_in_a_named_sandbox_prints_its_id_and_pid(served: Served) -> None:
         stop_daemon(served.state_path, served.env)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_logs_follow_prints_its_resume_cursor_on_sigterm(served: Served) -> None:
     state = served.wait_ready()

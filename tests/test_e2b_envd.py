@@ -247,6 +247,7 @@ def test_error_codes_reach_sdk_users_typed() -> None:
     assert isinstance(shown(StreamStalled("slow")), TimeoutException)
 
 
+@pytest.mark.slow
 def test_reattach_after_pause_resume_with_ghosts(envd: DaemonServer) -> None:
     """The seed's F1 through the official SDK: a reader whose stream was open at a pause
     is cut at resume (its daemon-side consumer lives on as a ghost); connect(pid) after

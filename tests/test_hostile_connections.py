@@ -348,6 +348,7 @@ def test_an_unauthenticated_request_gets_401_and_its_connection_closed(tmp_path:
 _SLEEP = "sleep 60"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_fd_exhaustion_by_processes_is_a_typed_503_and_passes(tmp_path: Path) -> None:
     with _served(tmp_path) as daemon, Sandbox.create(url=daemon.url, token=daemon.token) as sbx:

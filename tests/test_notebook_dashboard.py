@@ -300,6 +300,7 @@ async def test_on_the_running_loop_handlers_are_tasks_and_the_table_refreshes_it
 # -- StallLab ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_stall_lab_run_fills_result_progress_table_and_plot(
     conn: dict[str, str | None],

@@ -124,6 +124,7 @@ async def test_consumers_that_leave_have_the_heap_trimmed(
     assert collections
 
 
+@pytest.mark.slow
 def test_slow_readers_of_the_daemon_never_have_more_than_the_bound_in_its_transports(
     daemon: DaemonServer,
 ) -> None:

@@ -326,6 +326,7 @@ print("second", flush=True)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(30)
 async def test_idle_stream_is_not_killed_by_a_read_timeout(conn: dict[str, str]) -> None:
     async with await AsyncSandbox.create(**conn) as sbx:
