@@ -22,31 +22,11 @@ from sandboxkit.daemon.isolation import ISOLATION_ENV
 # README's snippets run with the shipped default (tests/test_readme.py).
 os.environ.setdefault(ISOLATION_ENV, "none")
 
+from support import fast_config
+
 from sandboxkit.daemon.config import DaemonConfig
 from sandboxkit.daemon.host import Host
 from sandboxkit.daemon.server import DaemonServer
-
-
-def child_env() -> dict[str, str]:
-    """This environment for a child process (a ``sandboxkit serve``, a script): without
-    sandboxkit's settings (a daemon URL, a freezer), but with the suite's isolation
-    default (above)."""
-    return {
-        k: v for k, v in os.environ.items() if not k.startswith("SANDBOXKIT_") or k == ISOLATION_ENV
-    }
-
-
-def fast_config(**overrides: object) -> DaemonConfig:
-    """Daemon settings with short timers, so tests run in well under a second each."""
-    values: dict[str, object] = {
-        "keepalive_interval": 0.5,
-        "kill_grace": 1.0,
-        "exit_drain": 0.5,
-        "shutdown_drain": 2.0,
-        "stall_timeout": 5.0,
-    }
-    values.update(overrides)
-    return DaemonConfig(**values)  # type: ignore[arg-type]
 
 
 @pytest.fixture
@@ -87,15 +67,6 @@ async def host() -> AsyncIterator[Host]:
     """The daemon core without HTTP, on the test's event loop."""
     async with Host(fast_config()) as h:
         yield h
-
-
-def wait_until(predicate, timeout: float = 10.0, interval: float = 0.01, what: str = "") -> None:  # type: ignore[no-untyped-def]
-    """Poll ``predicate`` until true, failing after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or predicate}")
-        time.sleep(interval)
 
 
 @pytest.fixture(autouse=True)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
-from conftest import child_env
+from support import child_env
 
 import sandboxkit
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import httpx
 import psutil
+from support import wait_until
 
 CHROMIUM = "/usr/bin/chromium"
 INSTALL_HINT = "run `bash scripts/install-system.sh` (as root: apt-get install -y chromium)"
@@ -82,15 +83,8 @@ def free_port() -> int:
 def deadline_poll(
     predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.1
 ) -> object:
-    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
+    """:func:`support.wait_until` at the pace a Jupyter server's REST API is asked at."""
+    return wait_until(predicate, timeout, what, interval=interval)
 
 
 # -- process bookkeeping -------------------------------------------------------------------

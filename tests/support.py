@@ -1,19 +1,59 @@
-"""Helpers shared by the test modules (imported as ``support``)."""
+"""Helpers shared by the test modules (imported as ``support``; tests/conftest.py holds
+only fixtures and hooks): the suite's one poll helper, in a sync and an async form, the
+daemon settings the suite runs with, and a child process's environment."""
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import time
 from collections.abc import Callable
 from typing import Any
 
+from sandboxkit.daemon.config import DaemonConfig
+from sandboxkit.daemon.isolation import ISOLATION_ENV
+
+# The one poll interval: short, since every poll has a deadline and most end at once.
+INTERVAL = 0.01
+
+
+def _timed_out(timeout: float, what: object, info: Callable[[], Any] | None) -> AssertionError:
+    detail = f": {info()}" if info is not None else ""
+    return AssertionError(f"timed out after {timeout:g}s waiting for {what}{detail}")
+
+
+def wait_until(
+    predicate: Callable[[], Any],
+    timeout: float = 10.0,
+    what: str = "",
+    *,
+    interval: float = INTERVAL,
+    info: Callable[[], Any] | None = None,
+) -> Any:
+    """Poll ``predicate()`` until it returns something truthy, and return it; fail after
+    ``timeout`` seconds naming ``what`` (and ``info()``, if given). A poll with a deadline,
+    not a synchronisation point."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise _timed_out(timeout, what or predicate, info)
+        time.sleep(interval)  # sleep-ok: poll interval
+
 
 async def poll(
-    predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.01
+    predicate: Callable[[], Any],
+    timeout: float = 10.0,
+    what: str = "",
+    *,
+    interval: float = INTERVAL,
+    info: Callable[[], Any] | None = None,
 ) -> Any:
-    """Wait until ``predicate()`` (sync or async) returns something truthy, and return it;
-    fail after ``timeout`` seconds. A poll with a deadline, not a synchronisation point."""
+    """:func:`wait_until` on the running loop (which keeps running between looks):
+    ``predicate()`` may be sync or async."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -22,8 +62,30 @@ async def poll(
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(interval)
+            raise _timed_out(timeout, what or predicate, info)
+        await asyncio.sleep(interval)  # sleep-ok: poll interval
+
+
+def child_env() -> dict[str, str]:
+    """This environment for a child process (a ``sandboxkit serve``, a script): without
+    sandboxkit's settings (a daemon URL, a freezer), but with the suite's isolation
+    default (tests/conftest.py)."""
+    return {
+        k: v for k, v in os.environ.items() if not k.startswith("SANDBOXKIT_") or k == ISOLATION_ENV
+    }
+
+
+def fast_config(**overrides: object) -> DaemonConfig:
+    """Daemon settings with short timers, so tests run in well under a second each."""
+    values: dict[str, object] = {
+        "keepalive_interval": 0.5,
+        "kill_grace": 1.0,
+        "exit_drain": 0.5,
+        "shutdown_drain": 2.0,
+        "stall_timeout": 5.0,
+    }
+    values.update(overrides)
+    return DaemonConfig(**values)  # type: ignore[arg-type]
 
 
 class ChunkedDecoder:

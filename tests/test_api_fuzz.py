@@ -12,7 +12,6 @@ from typing import Any
 import httpx
 import pytest
 import schemathesis
-from conftest import fast_config
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from schemathesis.checks import not_a_server_error
@@ -22,6 +21,7 @@ from schemathesis.specs.openapi.checks import (
     response_schema_conformance,
     status_code_conformance,
 )
+from support import fast_config
 
 from sandboxkit.daemon.config import DaemonConfig
 from sandboxkit.daemon.server import DaemonServer
@@ -52,6 +52,7 @@ def http(daemon: DaemonServer) -> Iterator[httpx.Client]:
         yield client
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_api_fuzz_finds_no_server_error(daemon: DaemonServer, http: httpx.Client) -> None:
     schema = schemathesis.openapi.from_dict(http.get("/openapi.json").json())

@@ -290,6 +290,8 @@ def _tail(path: Path, n: int = 30) -> str:
         return "<no log>"
 
 
+@pytest.mark.browser
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_notebook_04_panel_in_real_browser(tmp_path: Path) -> None:
     _require_browser_stack()

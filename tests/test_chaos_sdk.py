@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from conftest import fast_config
+from support import fast_config
 
 from sandboxkit import AsyncSandbox
 from sandboxkit.client.commands import AsyncCommandHandle
@@ -183,7 +183,7 @@ async def _chaos(conn: dict[str, str], seed: int, size: int, seconds: float) -> 
 
 
 @pytest.mark.timeout(120 if not _LONG_MB else 3600)
-@pytest.mark.parametrize("seed", [11, 29])
+@pytest.mark.parametrize("seed", [11, pytest.param(29, marks=pytest.mark.slow)])
 async def test_replay_through_sdk_reattaches_is_byte_exact(conn: dict[str, str], seed: int) -> None:
     size = int(_LONG_MB * 1024 * 1024) if _LONG_MB else 256 * 1024
     await _chaos(conn, seed, size, seconds=60.0 if _LONG_MB else 1.5)

@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 
 import h11
 import pytest
-from conftest import fast_config
+from support import fast_config
 from test_chaos_sdk import PRODUCER, _expected
 
 from sandboxkit import AsyncSandbox
@@ -183,6 +183,7 @@ async def _raw_replay(conn: dict[str, str], seed: int, size: int, seconds: float
 
 
 @pytest.mark.timeout(120 if not _LONG_MB else 3600)
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [5, 17])
 async def test_raw_consumers_cut_at_random_replay_byte_exact(
     conn: dict[str, str], seed: int

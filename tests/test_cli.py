@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import psutil
 import pytest
-from conftest import child_env
+from support import child_env, wait_until
 
 import sandboxkit
 from sandboxkit import Sandbox
@@ -59,14 +59,6 @@ def gone(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
-
-
-def wait_for(predicate, timeout: float = 10.0, what: str = "") -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or predicate}")
-        time.sleep(0.02)  # sleep-ok: poll interval
 
 
 def stop_daemon(state_path: Path, env: dict[str, str]) -> None:
@@ -182,13 +174,14 @@ def test_sigterm_to_the_daemon_unpublishes_its_state_file(served: Served) -> Non
     finally:
         sbx.close()
     assert not served.state_path.exists(), "the daemon left its state file behind"
-    wait_for(lambda: gone(pid), what="sandbox process gone")
+    wait_until(lambda: gone(pid), what="sandbox process gone")
     assert cli("status", "--state-file", str(served.state_path), env=served.env).returncode == 1
 
 
 # -- 8. ensure_local_daemon ---------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_ensure_local_daemon_starts_one_and_reuses_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -256,7 +249,7 @@ def test_stop_leaves_no_sandbox_process_behind(served: Served) -> None:
     try:
         # A leader and a grandchild that outlive any client; the stream stays attached.
         handle = sbx.commands.run("sleep 300 & echo $!; wait", background=True)
-        wait_for(lambda: handle.stdout.strip().isdigit(), what="the grandchild's pid")
+        wait_until(lambda: handle.stdout.strip().isdigit(), what="the grandchild's pid")
         leader, grandchild = handle.pid, int(handle.stdout.strip())
         assert psutil.Process(grandchild).name() == "sleep"
         assert not gone(leader) and not gone(grandchild)
@@ -264,7 +257,7 @@ def test_stop_leaves_no_sandbox_process_behind(served: Served) -> None:
         stopped = cli("stop", "--state-file", str(served.state_path), env=served.env)
         assert stopped.returncode == 0, stopped.stderr
         assert served.proc.wait(10) in CLEAN_EXIT, "the daemon should shut down cleanly"
-        wait_for(lambda: gone(leader) and gone(grandchild), what="sandbox processes gone")
+        wait_until(lambda: gone(leader) and gone(grandchild), what="sandbox processes gone")
     finally:
         sbx.close()
 
@@ -272,6 +265,7 @@ def test_stop_leaves_no_sandbox_process_behind(served: Served) -> None:
 # -- 10. demo ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_demo_tour(tmp_path: Path) -> None:
     state_path = tmp_path / "demo" / "daemon.json"
@@ -296,6 +290,7 @@ def test_demo_tour(tmp_path: Path) -> None:
     assert [p for p in left if not gone(p.pid)] == []
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_tour_is_exact_ten_times_in_a_row(
     conn: dict[str, str], capsys: pytest.CaptureFixture[str]
@@ -381,7 +376,7 @@ def test_ps_logs_kill_and_status_from_a_terminal(served: Served) -> None:
     try:
         script = "for i in $(seq 1 5); do echo out $i; echo err $i >&2; done; read x; echo after $x"
         handle = sbx.commands.run(script, background=True)
-        wait_for(lambda: "out 5" in handle.stdout and "err 5" in handle.stderr, what="output")
+        wait_until(lambda: "out 5" in handle.stdout and "err 5" in handle.stderr, what="output")
 
         status = cli("status", *flag, env=env)
         assert status.returncode == 0, status.stderr
@@ -434,6 +429,7 @@ def test_ps_logs_kill_and_status_from_a_terminal(served: Served) -> None:
 # -- 12. one install, one daemon ---------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_a_daemon_of_another_install_is_left_alone(
     tmp_path: Path, daemon: Any, monkeypatch: pytest.MonkeyPatch
@@ -472,6 +468,7 @@ def test_a_daemon_of_another_install_is_left_alone(
     assert read_state(path) == foreign
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_logs_follow_shows_each_pause_and_resume_within_1s(served: Served) -> None:
     """Issue 20: the status a terminal reader sees follows the sandbox's lifecycle, whoever

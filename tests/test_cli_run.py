@@ -10,7 +10,8 @@ import subprocess
 import sys
 
 import pytest
-from test_cli import Served, cli, served, stop_daemon, wait_for
+from support import wait_until
+from test_cli import Served, cli, served, stop_daemon
 
 from sandboxkit import Sandbox
 
@@ -48,6 +49,7 @@ def test_run_follow_in_a_new_sandbox_exits_with_the_commands_code(served: Served
         stop_daemon(served.state_path, served.env)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_run_in_a_named_sandbox_prints_its_id_and_pid(served: Served) -> None:
     state = served.wait_ready()
@@ -70,6 +72,7 @@ def test_run_in_a_named_sandbox_prints_its_id_and_pid(served: Served) -> None:
         stop_daemon(served.state_path, served.env)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_logs_follow_prints_its_resume_cursor_on_sigterm(served: Served) -> None:
     state = served.wait_ready()
@@ -78,7 +81,7 @@ def test_logs_follow_prints_its_resume_cursor_on_sigterm(served: Served) -> None
         handle = sbx.commands.run(
             "for i in $(seq 1 3); do echo line $i; done; read x; echo after $x", background=True
         )
-        wait_for(lambda: "line 3" in handle.stdout, what="output")
+        wait_until(lambda: "line 3" in handle.stdout, what="output")
         logs = [sys.executable, "-m", "sandboxkit", "logs", sbx.sandbox_id, str(handle.pid)]
         follower = subprocess.Popen(
             [*logs, "--follow", "--state-file", str(served.state_path)],

@@ -82,6 +82,7 @@ def _handle_all(loop: asyncio.AbstractEventLoop, frames: list[Frame]) -> None:
     assert stream.cursor is None or int(stream.cursor) >= 0
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(kind=st.sampled_from(FrameKind), meta=METAS, payload=st.binary(max_size=16))
 def test_any_frame_fields(

@@ -15,7 +15,7 @@ from typing import Any
 import e2b
 import httpx
 import pytest
-from conftest import wait_until
+from support import wait_until
 from test_notebook_panel import last_status, recording_comms
 
 from sandboxkit import AsyncSandbox, Sandbox

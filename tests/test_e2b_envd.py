@@ -12,7 +12,6 @@ import time
 import e2b
 import httpx
 import pytest
-from conftest import wait_until
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
 from e2b import AsyncSandbox, CommandExitException, NotFoundException, TimeoutException
@@ -24,6 +23,7 @@ from e2b.exceptions import (
     RateLimitException,
 )
 from e2b.sandbox.commands.command_handle import PtySize
+from support import wait_until
 
 from sandboxkit.client.sync import Sandbox
 from sandboxkit.daemon.envd.connect import from_sandboxkit
@@ -211,6 +211,7 @@ def _start(
     return _events(response.content)
 
 
+@pytest.mark.slow
 def test_keepalives_at_the_requested_interval_and_zero_is_none(envd: DaemonServer) -> None:
     events = _start(envd, "sleep 0.5; printf '\\377'", "0.05")
     keepalives = [e for f, e in events if e.get("event") == {"keepalive": {}}]
@@ -246,6 +247,7 @@ def test_error_codes_reach_sdk_users_typed() -> None:
     assert isinstance(shown(StreamStalled("slow")), TimeoutException)
 
 
+@pytest.mark.slow
 def test_reattach_after_pause_resume_with_ghosts(envd: DaemonServer) -> None:
     """The seed's F1 through the official SDK: a reader whose stream was open at a pause
     is cut at resume (its daemon-side consumer lives on as a ghost); connect(pid) after
@@ -289,6 +291,7 @@ def test_reattach_after_pause_resume_with_ghosts(envd: DaemonServer) -> None:
         own.kill()
 
 
+@pytest.mark.slow
 async def test_lab_reattach_with_the_e2b_sdk_blocking_stalls_cursor_does_not(
     envd: DaemonServer,
 ) -> None:

@@ -4,7 +4,6 @@ loopback only)."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import pwd
 import time
@@ -15,6 +14,7 @@ from e2b import InvalidArgumentException, NotFoundException
 from e2b import Sandbox as E2BSandbox
 from e2b.sandbox.commands.command_handle import PtySize
 from e2b.sandbox.filesystem.watch_handle import FilesystemEvent, FilesystemEventType
+from support import poll
 
 from sandboxkit.daemon.run_as import resolve_user
 from sandboxkit.daemon.server import DaemonServer
@@ -32,23 +32,15 @@ def url(envd: DaemonServer) -> str:
     return envd.envd.url
 
 
-async def _until(predicate: object, what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)  # sleep-ok: polling with a deadline
-
-
 async def test_pty_size_at_create_and_after_resize(url: str) -> None:
     sbx = await E2BAsyncSandbox.create(debug=True, sandbox_url=url)
     seen = bytearray()
     handle = await sbx.pty.create(PtySize(rows=24, cols=80), on_data=seen.extend)
     await sbx.pty.send_stdin(handle.pid, b"stty size\n")
-    await _until(lambda: b"24 80" in seen, "the size given at create")
+    await poll(lambda: b"24 80" in seen, what="the size given at create")
     await sbx.pty.resize(handle.pid, PtySize(rows=40, cols=100))
     await sbx.pty.send_stdin(handle.pid, b"stty size; exit 0\n")
-    await _until(lambda: b"40 100" in seen, "the size after the resize")
+    await poll(lambda: b"40 100" in seen, what="the size after the resize")
     await handle.wait()
     with pytest.raises(InvalidArgumentException, match="no pty"):
         plain = await sbx.commands.run("sleep 30", background=True)  # sleep-ok: alive
@@ -125,10 +117,10 @@ async def test_async_watch_dir_streams_events_until_stopped(url: str) -> None:
         "streamed", on_event=events.append, on_exit=ended.append, timeout=0
     )
     await sbx.files.write("streamed/x.txt", "x")
-    await _until(lambda: any(e.name == "x.txt" for e in events), "the stream's event")
+    await poll(lambda: any(e.name == "x.txt" for e in events), what="the stream's event")
     assert events[0].type == FilesystemEventType.CREATE
     await handle.stop()
-    await _until(lambda: ended, "the watch's end")
+    await poll(lambda: ended, what="the watch's end")
     assert ended == [None]  # stopped cleanly
 
 

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from conftest import wait_until
+from support import wait_until
 from test_notebook_panel import custom, last_status, recording_comms, screen
 
 from sandboxkit import AsyncCommandHandle, AsyncSandbox, Sandbox

@@ -14,11 +14,11 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import fast_config, wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.applications import Starlette
 from starlette.routing import Route
+from support import fast_config, wait_until
 
 import sandboxkit.errors as errors_module
 from sandboxkit import AsyncSandbox
@@ -341,9 +341,23 @@ def _traces(daemon: DaemonServer, probe_sid: str) -> tuple[set[str], set[str]]:
 # -- 1. bad requests: status, body, and the daemon keeps serving ------------------------
 
 
+@pytest.fixture(scope="module")
+def refusing_daemon() -> Iterator[DaemonServer]:
+    """One daemon for every bad request of the table: each is refused without changing
+    anything, so the daemon that refused all the previous ones must still serve."""
+    server = DaemonServer(fast_config()).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("bad", BAD_REQUESTS, ids=[b.name for b in BAD_REQUESTS])
-def test_bad_request_is_typed_and_daemon_keeps_serving(daemon: DaemonServer, bad: Bad) -> None:
+def test_bad_request_is_typed_and_daemon_keeps_serving(
+    refusing_daemon: DaemonServer, bad: Bad
+) -> None:
+    daemon = refusing_daemon
     with _http(daemon) as client:
         sid, pid = _run_echo(client, "target")
         wait_until(

@@ -20,8 +20,8 @@ from typing import Any
 import httpx
 import psutil
 import pytest
-from conftest import wait_until
 from e2b import Sandbox as E2BSandbox
+from support import wait_until
 
 from sandboxkit.client.sync import Sandbox
 from sandboxkit.daemon import sandbox_paths
@@ -137,6 +137,7 @@ def test_a_a_socket_is_refused_by_both_apis(envd: DaemonServer, sbx: Sandbox) ->
             assert "socket" in response.json()["message"]
 
 
+@pytest.mark.slow
 def test_a_huge_sparse_file_is_capped_or_streamed_without_growing_the_daemon(
     envd: DaemonServer, sbx: Sandbox
 ) -> None:
@@ -318,7 +319,7 @@ while True:
 """
 
 
-@pytest.mark.parametrize("walk", ["openat2", "fallback"])
+@pytest.mark.parametrize("walk", ["openat2", pytest.param("fallback", marks=pytest.mark.slow)])
 def test_c_a_process_swapping_links_never_gets_a_read_outside(
     envd: DaemonServer, sbx: Sandbox, walk: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -265,6 +265,7 @@ async def test_set_timeout_shortens_a_forgotten_sandboxs_life(
     assert not core.processes[info.pid].running
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(30)
 async def test_a_watched_sandbox_is_not_idle(conn: dict[str, str], daemon: DaemonServer) -> None:
     script = (

@@ -10,13 +10,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 from freezer_support import process_is_frozen
+from support import poll
 
 from sandboxkit._proc import pid_alive
 from sandboxkit.daemon.freezer import (
@@ -61,17 +62,6 @@ DEADLINE = 20.0
 """Seconds before a wait in these tests gives up."""
 
 
-async def wait_for(
-    predicate: Callable[[], bool], timeout: float = DEADLINE, what: str = "condition"
-) -> None:
-    """Poll ``predicate`` until true or fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() >= deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)  # sleep-ok: poll interval
-
-
 def read_int(path: Path) -> int | None:
     """Read an integer file, None if absent or being replaced."""
     try:
@@ -98,7 +88,7 @@ def kill_quietly(pids: list[int]) -> None:
 async def grows(path: Path) -> None:
     """Wait until the counter in ``path`` increases."""
     start = read_int(path) or 0
-    await wait_for(lambda: (read_int(path) or 0) > start, what=f"{path} to grow")
+    await poll(lambda: (read_int(path) or 0) > start, timeout=DEADLINE, what=f"{path} to grow")
 
 
 async def stays_constant(path: Path) -> None:
@@ -151,7 +141,7 @@ class Sandbox:
     async def counter_pid(self, out: Path) -> int:
         """Wait for a counter process to report its pid."""
         pidfile = Path(f"{out}.pid")
-        await wait_for(lambda: read_int(pidfile) is not None, what=f"{pidfile}")
+        await poll(lambda: read_int(pidfile) is not None, timeout=DEADLINE, what=f"{pidfile}")
         pid = read_int(pidfile)
         assert pid is not None
         self.known.add(pid)
@@ -164,7 +154,7 @@ class Sandbox:
         kill_quietly(sorted(self.known))
         for proc in self.procs:
             await asyncio.wait_for(proc.wait(), DEADLINE)
-        await wait_for(lambda: all(is_gone(p) for p in self.known), what="cleanup")
+        await poll(lambda: all(is_gone(p) for p in self.known), timeout=DEADLINE, what="cleanup")
         self.tree.close()
 
 
@@ -228,8 +218,8 @@ async def test_freeze_thaw_kill_whole_tree(backend: str, tmp_path: Path) -> None
         sb.known.update(tree.pids())
         tree.signal(signal.SIGKILL)
         assert await asyncio.wait_for(leader.wait(), DEADLINE) == -signal.SIGKILL
-        await wait_for(lambda: all(is_gone(p) for p in pids), what="processes to die")
-        await wait_for(lambda: tree.pids() == [], what="tree to be empty")
+        await poll(lambda: all(is_gone(p) for p in pids), timeout=DEADLINE, what="processes to die")
+        await poll(lambda: tree.pids() == [], timeout=DEADLINE, what="tree to be empty")
 
         tree.close()
         tree.close()  # idempotent
@@ -245,7 +235,7 @@ async def test_freeze_catches_processes_forked_while_freezing(backend: str, tmp_
     async with sandbox(backend, tmp_path) as sb:
         # Continuously forks short-lived children.
         await sb.spawn("while :; do sleep 0.001 & sleep 0.001; done")
-        await wait_for(lambda: len(sb.tree.pids()) >= 2, what="children to appear")
+        await poll(lambda: len(sb.tree.pids()) >= 2, timeout=DEADLINE, what="children to appear")
 
         await sb.tree.freeze()
         frozen_pids = sb.tree.pids()
@@ -257,7 +247,9 @@ async def test_freeze_catches_processes_forked_while_freezing(backend: str, tmp_
         assert sb.tree.pids() == frozen_pids
 
         await sb.tree.thaw()
-        await wait_for(lambda: sb.tree.pids() != frozen_pids, what="forking to resume")
+        await poll(
+            lambda: sb.tree.pids() != frozen_pids, timeout=DEADLINE, what="forking to resume"
+        )
 
 
 @pytest.mark.asyncio
@@ -266,7 +258,7 @@ async def test_freeze_catches_processes_forked_while_freezing(backend: str, tmp_
 async def test_signal_term_and_close_thaws(backend: str, tmp_path: Path) -> None:
     async with sandbox(backend, tmp_path) as sb:
         proc = await sb.spawn("sleep 60 & sleep 60 & wait")
-        await wait_for(lambda: len(sb.tree.pids()) == 3, what="sleeps to start")
+        await poll(lambda: len(sb.tree.pids()) == 3, timeout=DEADLINE, what="sleeps to start")
         children = sb.tree.pids()
         sb.known.update(children)
 
@@ -275,8 +267,10 @@ async def test_signal_term_and_close_thaws(backend: str, tmp_path: Path) -> None
         assert all(process_is_frozen(p) for p in children)
         sb.tree.close()
         assert not sb.tree.frozen
-        await wait_for(
-            lambda: not any(process_is_frozen(p) for p in children), what="thaw on close"
+        await poll(
+            lambda: not any(process_is_frozen(p) for p in children),
+            timeout=DEADLINE,
+            what="thaw on close",
         )
         assert proc.returncode is None
         # Once closed, the tree does nothing more.
@@ -292,12 +286,12 @@ async def test_signal_term_and_close_thaws(backend: str, tmp_path: Path) -> None
 async def test_sigterm_reaches_all(backend: str, tmp_path: Path) -> None:
     async with sandbox(backend, tmp_path) as sb:
         proc = await sb.spawn("sleep 60 & sleep 60 & wait")
-        await wait_for(lambda: len(sb.tree.pids()) == 3, what="sleeps to start")
+        await poll(lambda: len(sb.tree.pids()) == 3, timeout=DEADLINE, what="sleeps to start")
         pids = sb.tree.pids()
         sb.known.update(pids)
         sb.tree.signal(signal.SIGTERM)
         await asyncio.wait_for(proc.wait(), DEADLINE)
-        await wait_for(lambda: all(is_gone(p) for p in pids), what="SIGTERM")
+        await poll(lambda: all(is_gone(p) for p in pids), timeout=DEADLINE, what="SIGTERM")
         assert sb.tree.pids() == []
 
 
@@ -308,9 +302,9 @@ async def test_process_is_frozen_plain_sigstop() -> None:
     try:
         assert not process_is_frozen(proc.pid)
         os.kill(proc.pid, signal.SIGSTOP)
-        await wait_for(lambda: process_is_frozen(proc.pid), what="SIGSTOP")
+        await poll(lambda: process_is_frozen(proc.pid), timeout=DEADLINE, what="SIGSTOP")
         os.kill(proc.pid, signal.SIGCONT)
-        await wait_for(lambda: not process_is_frozen(proc.pid), what="SIGCONT")
+        await poll(lambda: not process_is_frozen(proc.pid), timeout=DEADLINE, what="SIGCONT")
     finally:
         kill_quietly([proc.pid])
         await asyncio.wait_for(proc.wait(), DEADLINE)
@@ -402,15 +396,19 @@ async def test_launch_members_are_what_one_leader_started(backend: str, tmp_path
         first = await sb.spawn(f"( setsid {cmd} >/dev/null 2>&1 & ) ; exec sleep 60", "one")
         other = await sb.spawn("sleep 60 & wait", "two")
         escaped = await sb.counter_pid(out)
-        await wait_for(lambda: os.getsid(escaped) == escaped, what="the escapee's setsid")
-        await wait_for(lambda: len(sb.tree.launch_members("two")) == 2, what="the other")
+        await poll(
+            lambda: os.getsid(escaped) == escaped, timeout=DEADLINE, what="the escapee's setsid"
+        )
+        await poll(
+            lambda: len(sb.tree.launch_members("two")) == 2, timeout=DEADLINE, what="the other"
+        )
         assert set(sb.tree.launch_members("one")) == {first.pid, escaped}
         others = set(sb.tree.launch_members("two"))
         assert other.pid in others and not others & {first.pid, escaped}
 
         sb.tree.signal_launch("one", signal.SIGKILL)
         assert await asyncio.wait_for(first.wait(), DEADLINE) == -signal.SIGKILL
-        await wait_for(lambda: is_gone(escaped), what="the escapee to die")
+        await poll(lambda: is_gone(escaped), timeout=DEADLINE, what="the escapee to die")
         assert all(not is_gone(pid) for pid in others)
 
 
@@ -452,8 +450,10 @@ async def test_a_signal_reaches_a_shell_before_the_command_it_waits_for(
     async with sandbox(backend, tmp_path) as sb:
         shells = [await sb.spawn("sleep 60; exit 0", f"cmd-{i}") for i in range(4)]
         for i in range(4):
-            await wait_for(
-                lambda i=i: len(sb.tree.launch_members(f"cmd-{i}")) == 2, what="the sleeps"
+            await poll(
+                lambda i=i: len(sb.tree.launch_members(f"cmd-{i}")) == 2,
+                timeout=DEADLINE,
+                what="the sleeps",
             )
         monkeypatch.setattr(freezer_base, "send_to", slow_send)
         for i, shell in enumerate(shells):

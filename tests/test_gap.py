@@ -13,8 +13,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from conftest import fast_config
-from support import ChunkedDecoder
+from support import ChunkedDecoder, fast_config
 from support import poll as _poll
 
 from sandboxkit import AsyncSandbox, OutputGap

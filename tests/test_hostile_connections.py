@@ -163,6 +163,7 @@ def _attack(daemon: Daemon, attackers: Attackers, seconds: float) -> list[float]
     return latencies
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(
     "opening",
@@ -290,6 +291,7 @@ def _closed_within(sock: socket.socket, seconds: float, trickle: bytes = b"") ->
     return None
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_a_stalled_request_body_is_abandoned_after_the_body_timeout(tmp_path: Path) -> None:
     with _served(tmp_path, "--body-timeout", "1") as daemon:
@@ -305,6 +307,7 @@ def test_a_stalled_request_body_is_abandoned_after_the_body_timeout(tmp_path: Pa
     print(f"stalled body: connection closed {closed_after:.2f}s after it stalled")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_a_kept_alive_connection_trickling_its_next_head_is_closed(tmp_path: Path) -> None:
     with _served(tmp_path, "--keepalive-timeout", "1") as daemon:
@@ -345,6 +348,7 @@ def test_an_unauthenticated_request_gets_401_and_its_connection_closed(tmp_path:
 _SLEEP = "sleep 60"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_fd_exhaustion_by_processes_is_a_typed_503_and_passes(tmp_path: Path) -> None:
     with _served(tmp_path) as daemon, Sandbox.create(url=daemon.url, token=daemon.token) as sbx:

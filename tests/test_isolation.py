@@ -17,8 +17,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import fast_config, wait_until
 from freezer_support import alive, served
+from support import fast_config, wait_until
 
 from sandboxkit import (
     CommandExitError,
@@ -201,6 +201,7 @@ def test_memory_limit_ends_in_a_visible_oom_while_a_neighbour_streams(
         assert lines == [str(i) for i in range(1, 401)]
 
 
+@pytest.mark.slow
 def test_pids_and_open_files_limits_hold(conn: dict[str, str]) -> None:
     with Sandbox.create(limits={"pids": 32, "open_files": 64}, **conn) as sbx:
         assert set(sbx.get_info().limits_enforced) == {"pids", "open_files"}

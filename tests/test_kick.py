@@ -14,8 +14,7 @@ import time
 from typing import Any
 
 import pytest
-from conftest import fast_config
-from support import ChunkedDecoder
+from support import ChunkedDecoder, fast_config
 from support import poll as _poll
 
 from sandboxkit import AsyncSandbox
@@ -298,6 +297,7 @@ async def test_ghost_is_kicked_after_stall_timeout_and_healthy_consumers_never_p
 # -- b. ten ghosts ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(30)
 async def test_ten_ghosts_are_kicked_in_parallel(conn: dict[str, str]) -> None:
     ghosts: list[socket.socket] = []
@@ -381,6 +381,7 @@ def steady_output(size: int, n: int) -> bytes:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(30)
 async def test_slow_consumer_that_keeps_draining_is_never_kicked(conn: dict[str, str]) -> None:
     async with await AsyncSandbox.create(**conn) as sbx:

@@ -23,7 +23,7 @@ import httpx
 import pandas as pd
 import psutil
 import pytest
-from conftest import child_env, fast_config
+from support import child_env, fast_config
 from support import poll as _poll
 
 from sandboxkit import AsyncSandbox
@@ -103,6 +103,7 @@ def _show(frame: pd.DataFrame) -> str:
 # -- 1. F1 as shipped: blocking + pause-snapshot ghosts --------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 async def test_blocking_with_pause_snapshot_ghosts_stalls_after_a_first_response(
     conn: dict[str, str],
@@ -144,8 +145,8 @@ async def test_blocking_with_pause_snapshot_ghosts_stalls_after_a_first_response
         # The exact workload that stalls ``blocking`` in the test above ...
         ("pause-snapshot", 6000),
         # ... and the one that fills TCP ghosts and stalls ``blocking`` below.
-        ("leaky", GHOST_FILL_RESPONSE),
-        ("frozen", GHOST_FILL_RESPONSE),
+        pytest.param("leaky", GHOST_FILL_RESPONSE, marks=pytest.mark.slow),
+        pytest.param("frozen", GHOST_FILL_RESPONSE, marks=pytest.mark.slow),
     ],
 )
 async def test_cursor_never_stalls_whatever_the_ghost(
@@ -272,6 +273,7 @@ async def _kick_run(
         await sbx.kill()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 async def test_kick_delays_a_refresh_by_k_times_the_grace_one_ghost_after_another(
     conn: dict[str, str],
@@ -314,6 +316,7 @@ async def test_kick_delays_a_refresh_by_k_times_the_grace_one_ghost_after_anothe
 # -- 4. the client-side ghosts wedge blocking too --------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("ghost", ["leaky", "frozen"])
 async def test_leaky_and_frozen_ghosts_wedge_blocking_once_their_buffers_fill(
@@ -366,6 +369,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_demo_writes_csv_and_pngs_that_match_its_printed_table(tmp_path: Path) -> None:
     state_path = tmp_path / "state" / "daemon.json"

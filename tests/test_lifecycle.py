@@ -8,11 +8,11 @@ import asyncio
 import shlex
 import sys
 import time
-from collections.abc import Callable
 
 import psutil
 import pytest
 from freezer_support import process_is_frozen
+from support import poll
 
 from sandboxkit import AsyncSandbox, SandboxPaused
 from sandboxkit.daemon.config import DaemonConfig
@@ -56,15 +56,6 @@ def daemon_config(daemon_config: DaemonConfig, freezer: str) -> DaemonConfig:
     return daemon_config
 
 
-async def until(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
-    """Poll ``predicate`` on the running loop (streams keep running) until true."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or predicate}")
-        await asyncio.sleep(0.01)  # sleep-ok: poll interval
-
-
 def gone(pid: int) -> bool:
     """True if ``pid`` no longer runs (absent, or a zombie awaiting its reaper)."""
     try:
@@ -99,8 +90,8 @@ async def test_pause_freezes_grandchild_and_resume_thaws_it(
     async with await AsyncSandbox.create(**conn) as sbx:
         assert sbx.info.freezer == freezer
         handle = await sbx.commands.run(GRANDCHILD_CMD, background=True)
-        await until(lambda: handle.stdout.count("\n") >= 5, what="ticks before pause")
-        await until(lambda: find_ticker(handle.pid) is not None, what="the grandchild")
+        await poll(lambda: handle.stdout.count("\n") >= 5, what="ticks before pause")
+        await poll(lambda: find_ticker(handle.pid) is not None, what="the grandchild")
         ticker = find_ticker(handle.pid)
         assert ticker is not None
         assert ticker.ppid() != handle.pid, "the ticker must be a grandchild, not a child"
@@ -120,7 +111,7 @@ async def test_pause_freezes_grandchild_and_resume_thaws_it(
 
         await sbx.resume()
         assert sbx.info.state == "running"
-        await until(lambda: len(handle.stdout) > frozen_at + 20, what="ticks after resume")
+        await poll(lambda: len(handle.stdout) > frozen_at + 20, what="ticks after resume")
         assert not process_is_frozen(ticker.pid)
         listed = {p.pid: p for p in await sbx.commands.list()}
         assert listed[handle.pid].state == "running"
@@ -145,9 +136,9 @@ async def test_idle_timeout_pauses_and_next_request_auto_resumes(
         started = time.monotonic()
         info = await sbx.commands.start(IGNORES_TERM)  # the last request naming it
         # No request names the sandbox while we wait: those would restart its idle timer.
-        await until(lambda: core.state == "paused", what="idle pause")
+        await poll(lambda: core.state == "paused", what="idle pause")
         assert time.monotonic() - started >= 0.3, "paused before the idle timeout ran out"
-        await until(lambda: process_is_frozen(info.pid), what="frozen leader")
+        await poll(lambda: process_is_frozen(info.pid), what="frozen leader")
 
         await sbx.commands.list()  # a read: not activity, the sandbox stays paused
         assert core.state == "paused"
@@ -168,7 +159,7 @@ async def test_paused_sandbox_without_auto_resume_refuses_new_processes(
         timeout=0.3, on_timeout="pause", auto_resume=False, **conn
     ) as sbx:
         core = daemon.host.sandboxes[sbx.sandbox_id]
-        await until(lambda: core.state == "paused", what="idle pause")
+        await poll(lambda: core.state == "paused", what="idle pause")
         with pytest.raises(SandboxPaused):
             await sbx.commands.run("echo never")
         assert core.state == "paused", "a refused request must not resume the sandbox"
@@ -188,8 +179,8 @@ async def test_idle_timeout_kill_kills_sandbox_and_its_processes(
     async with await AsyncSandbox.create(timeout=0.3, on_timeout="kill", **conn) as sbx:
         info = await sbx.commands.start("sleep 30")
         core = daemon.host.sandboxes[sbx.sandbox_id]
-        await until(lambda: core.state == "killed", what="idle kill")
-        await until(lambda: gone(info.pid), what="process gone")
+        await poll(lambda: core.state == "killed", what="idle kill")
+        await poll(lambda: gone(info.pid), what="process gone")
         assert (await sbx.get_info()).state == "killed"
         events = await sbx.raw_events()
         assert [e["reason"] for e in events if e["kind"] == "sandbox.killed"] == ["timeout"]
@@ -206,7 +197,7 @@ async def test_idle_timeout_kill_kills_sandbox_and_its_processes(
 async def test_kill_escalates_to_sigkill_for_a_process_ignoring_sigterm(host: Host) -> None:
     sandbox = await host.create_sandbox()
     process = await sandbox.start_process(ProcessSpec(cmd=IGNORES_TERM))
-    await until(lambda: process.log.head > 0, what="trap installed")
+    await poll(lambda: process.log.head > 0, what="trap installed")
     started = time.monotonic()
     await sandbox.kill()
     elapsed = time.monotonic() - started
@@ -229,14 +220,14 @@ async def test_kill_a_paused_sandbox(conn: dict[str, str], daemon: DaemonServer)
     sbx = await AsyncSandbox.create(**conn)
     try:
         handle = await sbx.commands.run(IGNORES_TERM, background=True)
-        await until(lambda: "ready" in handle.stdout, what="trap installed")
+        await poll(lambda: "ready" in handle.stdout, what="trap installed")
         await sbx.pause()
-        await until(lambda: process_is_frozen(handle.pid), what="frozen")
+        await poll(lambda: process_is_frozen(handle.pid), what="frozen")
         core = daemon.host.sandboxes[sbx.sandbox_id]
     finally:
         await sbx.kill()
     assert core.state == "killed"
-    await until(lambda: gone(handle.pid), what="process gone")
+    await poll(lambda: gone(handle.pid), what="process gone")
     assert core.processes[handle.pid].log.exit_code == -9
 
 
@@ -293,9 +284,9 @@ async def test_stdin_reaches_cat_and_close_makes_it_exit(conn: dict[str, str]) -
     async with await AsyncSandbox.create(**conn) as sbx:
         handle = await sbx.commands.run("cat", background=True)
         await sbx.commands.send_stdin(handle.pid, "ping\n")
-        await until(lambda: handle.stdout == "ping\n", what="first echo")
+        await poll(lambda: handle.stdout == "ping\n", what="first echo")
         await handle.send_stdin(b"pong\n")
-        await until(lambda: handle.stdout == "ping\npong\n", what="second echo")
+        await poll(lambda: handle.stdout == "ping\npong\n", what="second echo")
         assert not handle.done, "cat must keep running while stdin is open"
         await sbx.commands.close_stdin(handle.pid)
         result = await asyncio.wait_for(handle.wait(), 10)

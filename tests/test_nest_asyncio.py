@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import child_env
+from support import child_env
 
 import sandboxkit
 

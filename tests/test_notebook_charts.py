@@ -10,13 +10,13 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import comm
 import pytest
-from conftest import wait_until
 from matplotlib.figure import Figure
+from support import poll, wait_until
 
 from sandboxkit import AsyncSandbox, Sandbox
 from sandboxkit.notebook import BackpressureChart, LifecycleTimeline, ProcessPanel
@@ -29,15 +29,6 @@ COUNTER = [
     "import time\nfor i in range(10**7):\n    print(i, flush=True)\n    "
     "time.sleep(0.005)\n",  # sleep-ok: the child process's pace
 ]
-
-
-async def apoll(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "") -> None:
-    """Poll ``predicate`` on the running loop until it is true (a poll, not a sync)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or predicate}")
-        await asyncio.sleep(0.01)  # sleep-ok: poll interval
 
 
 class RecordingComm:
@@ -245,6 +236,7 @@ def test_backpressure_sends_samples_only_when_consumers_change(conn: dict[str, A
         chart.close()  # idempotent
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(30)
 async def test_backpressure_ticker_polls_at_most_twice_a_second(conn: dict[str, Any]) -> None:
     async with await AsyncSandbox.create(**conn) as sbx:
@@ -253,9 +245,9 @@ async def test_backpressure_ticker_polls_at_most_twice_a_second(conn: dict[str, 
         threads = set(threading.enumerate())
         chart = BackpressureChart(sbx, info.pid, interval=0.05)  # asks for 20 Hz
         try:
-            await apoll(lambda: chart.sends >= 1, timeout=5, what="first sample")
+            await poll(lambda: chart.sends >= 1, timeout=5, what="first sample")
             started, polls = time.monotonic(), chart.polls
-            await apoll(lambda: chart.polls >= polls + 3, timeout=10, what="polls")
+            await poll(lambda: chart.polls >= polls + 3, timeout=10, what="polls")
             elapsed = time.monotonic() - started
             assert (chart.polls - polls) <= 2 * elapsed + 1.5, elapsed
             assert chart.sends <= chart.polls, "a message only for a poll that changed"
@@ -276,13 +268,13 @@ async def test_a_chart_given_a_panel_follows_its_kill_restart(conn: dict[str, An
         panel = ProcessPanel(sbx, old)
         chart = BackpressureChart(sbx, panel)
         try:
-            await apoll(lambda: any(m["type"] == "sample" for m in sent(chart)), what="sample")
+            await poll(lambda: any(m["type"] == "sample" for m in sent(chart)), what="sample")
             await panel.on_kill_restart()  # type: ignore[misc]
             new = panel.pid
-            await apoll(lambda: chart.pid == new, timeout=5, what="the chart to follow")
+            await poll(lambda: chart.pid == new, timeout=5, what="the chart to follow")
             restarts = [m for m in sent(chart) if m["type"] == "restart"]
             assert restarts and restarts[0]["old"] == old and restarts[0]["pid"] == new
-            await apoll(lambda: chart.view.title.endswith(str(new)), timeout=5, what="title")
+            await poll(lambda: chart.view.title.endswith(str(new)), timeout=5, what="title")
 
             def new_sample() -> bool:
                 return any(
@@ -290,7 +282,7 @@ async def test_a_chart_given_a_panel_follows_its_kill_restart(conn: dict[str, An
                     for m in sent(chart)
                 )
 
-            await apoll(new_sample, timeout=5, what="a sample of the new process")
+            await poll(new_sample, timeout=5, what="a sample of the new process")
         finally:
             await chart.aclose()
             await panel.aclose()
@@ -356,10 +348,10 @@ async def test_timeline_ticker_picks_up_a_pause(conn: dict[str, Any]) -> None:
     async with await AsyncSandbox.create(**conn) as sbx:
         timeline = LifecycleTimeline(sbx, interval=0.1)
         try:
-            await apoll(lambda: timeline.sends >= 1, timeout=5, what="first events")
+            await poll(lambda: timeline.sends >= 1, timeout=5, what="first events")
             await sbx.pause()
             await sbx.resume()
-            await apoll(lambda: len(timeline.pause_spans) == 1, timeout=5, what="the span")
+            await poll(lambda: len(timeline.pause_spans) == 1, timeout=5, what="the span")
             task = timeline.refresh()  # inside a running loop: a task
             assert isinstance(task, asyncio.Task)
             assert await task is False

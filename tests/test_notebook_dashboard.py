@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import httpx
 import pandas as pd
 import pytest
+from support import wait_until
 
 from sandboxkit.client.sandbox import AsyncSandbox
 from sandboxkit.client.sync import Sandbox
@@ -20,7 +21,6 @@ from sandboxkit.errors import DaemonUnavailable, InvalidArgument, SandboxNotFoun
 from sandboxkit.lab_options import LabOptions
 from sandboxkit.notebook.dashboard import SandboxDashboard
 from sandboxkit.notebook.stall_lab import StallLab
-from tests.conftest import wait_until
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SLEEPER = [
@@ -300,6 +300,7 @@ async def test_on_the_running_loop_handlers_are_tasks_and_the_table_refreshes_it
 # -- StallLab ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_stall_lab_run_fills_result_progress_table_and_plot(
     conn: dict[str, str | None],

@@ -11,6 +11,7 @@ Async tests (a running loop, like a Jupyter kernel) use an ``AsyncSandbox`` or a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import sys
@@ -23,7 +24,7 @@ from typing import Any
 
 import comm
 import pytest
-from conftest import fast_config, wait_until
+from support import fast_config, poll, wait_until
 
 from sandboxkit import AsyncSandbox, Sandbox
 from sandboxkit.notebook import PanelState, ProcessPanel
@@ -50,6 +51,14 @@ PACED = [
     "        time.sleep(delay)\n"
     "    print(i, flush=True)\n",
 ]
+# The counter, its first 2000 lines at once: a long output without waiting for it.
+BURST_THEN_COUNTER = [
+    sys.executable,
+    "-u",
+    "-c",
+    "import time\nfor i in range(10**7):\n    print(i, flush=True)\n    "
+    "time.sleep(0.002 if i >= 2000 else 0)\n",  # sleep-ok: the child process's pace
+]
 # A "begin" line, then the counter: one "begin" per process run.
 MARKED = [
     sys.executable,
@@ -70,25 +79,10 @@ def numbered(lines: list[str]) -> list[str]:
     return [str(i) for i in range(len(lines))]
 
 
-async def apoll(
-    predicate: Callable[[], Any],
-    timeout: float = 10.0,
-    what: str = "",
-    info: Callable[[], Any] | None = None,
-) -> None:
-    """Poll ``predicate`` on the running loop until it is true (a poll, not a sync)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            detail = f": {info()}" if info is not None else ""
-            raise AssertionError(f"timed out waiting for {what or predicate}{detail}")
-        await asyncio.sleep(0.01)  # sleep-ok: poll interval
-
-
 async def more_lines(panel: ProcessPanel, n: int) -> None:
     """Poll until the panel received ``n`` more lines."""
     target = panel.line_count + n
-    await apoll(lambda: panel.line_count >= target, what=f"{n} more lines")
+    await poll(lambda: panel.line_count >= target, what=f"{n} more lines")
 
 
 def start_sync(sbx: Sandbox, argv: list[str]) -> int:
@@ -114,6 +108,27 @@ async def kill_any(sbx: Sandbox | AsyncSandbox) -> None:
         sbx.kill()
     else:
         await sbx.kill()
+
+
+OpenPanel = Callable[..., tuple[Sandbox, int, ProcessPanel]]
+
+
+@pytest.fixture
+def open_panel(conn: dict[str, Any]) -> Iterator[OpenPanel]:
+    """The sync tests' setup: ``open_panel(argv, **panel_options)`` creates a sync Sandbox,
+    starts ``argv`` in it without following it, and opens a ProcessPanel on the process;
+    returns (sandbox, pid, panel). At teardown the panel closes (close is idempotent: a
+    test may close it first), then the sandbox."""
+    with contextlib.ExitStack() as stack:
+
+        def open_(argv: list[str], **options: Any) -> tuple[Sandbox, int, ProcessPanel]:
+            sbx = stack.enter_context(Sandbox.create(**conn))
+            pid = start_sync(sbx, argv)
+            panel = ProcessPanel(sbx, pid, **options)
+            stack.callback(panel.close)
+            return sbx, pid, panel
+
+        yield open_
 
 
 def assert_fresh_run(lines: list[str]) -> None:
@@ -378,188 +393,148 @@ def test_stalled_needs_alive_attached_pending_and_silence() -> None:
 
 
 @pytest.mark.timeout(30)
-def test_sync_panel_sends_each_byte_once_in_order(conn: dict[str, Any]) -> None:
-    with Sandbox.create(**conn) as sbx:
-        pid = start_sync(sbx, COUNTER)
-        panel = ProcessPanel(sbx, pid)
-        try:
-            assert panel.pid == pid
-            for _ in range(5):
-                target = panel.line_count + 40
-                wait_until(lambda t=target: panel.line_count >= t, timeout=10, what="lines")
-                assert panel.flush()
-            shown = screen_lines(panel)
-            assert len(shown) >= 200 and shown == numbered(shown), "lost or duplicated bytes"
-            assert f"pid {pid}" in last_status(panel)
-            time.sleep(0.6)  # sleep-ok: counters ride along at most every 0.5 s
-            count = panel.line_count
-            panel.flush()
-            assert status_lines(panel) >= count >= 200
-            sent = sum(len(b) for _, bufs in custom(panel) for b in bufs)
-            assert sent == panel.state.bytes_received == panel.bytes_sent
-        finally:
-            panel.close()
+def test_sync_panel_sends_each_byte_once_in_order(open_panel: OpenPanel) -> None:
+    _sbx, pid, panel = open_panel(COUNTER)
+    assert panel.pid == pid
+    for _ in range(5):
+        target = panel.line_count + 40
+        wait_until(lambda t=target: panel.line_count >= t, timeout=10, what="lines")
+        assert panel.flush()
+    shown = screen_lines(panel)
+    assert len(shown) >= 200 and shown == numbered(shown), "lost or duplicated bytes"
+    assert f"pid {pid}" in last_status(panel)
+    time.sleep(0.6)  # sleep-ok: counters ride along at most every 0.5 s
+    count = panel.line_count
+    panel.flush()
+    assert status_lines(panel) >= count >= 200
+    sent = sum(len(b) for _, bufs in custom(panel) for b in bufs)
+    assert sent == panel.state.bytes_received == panel.bytes_sent
 
 
 @pytest.mark.timeout(30)
-def test_a_view_that_renders_gets_a_snapshot_then_deltas(conn: dict[str, Any]) -> None:
-    with Sandbox.create(**conn) as sbx:
-        pid = start_sync(sbx, COUNTER)
-        panel = ProcessPanel(sbx, pid, tail_bytes=4096)
-        try:
-            wait_until(lambda: panel.line_count >= 2000, timeout=15, what="lines")
-            panel._on_frontend_message(panel.terminal, {"type": "hello", "view": "v1"}, [])
-            snapshot = [(m, b) for m, b in custom(panel) if m["type"] == "snapshot"]
-            assert len(snapshot) == 1 and snapshot[0][0]["view"] == "v1"
-            tail = snapshot[0][1][0].decode()
-            assert len(tail) <= 4096 and tail.endswith("\n")
-            first_shown = int(tail.split("\n", 1)[0])
-            assert first_shown > 1000, "the tail is the newest output, bounded"
-            count = panel.line_count
-            wait_until(lambda: panel.line_count > count + 20, timeout=10, what="more")
-            panel.flush()
-            later = custom(panel)[-1]
-            assert later[0]["type"] == "delta"
-            assert int(later[1][0].decode().split("\n", 1)[0]) == int(tail.split("\n")[-2]) + 1
-        finally:
-            panel.close()
+def test_a_view_that_renders_gets_a_snapshot_then_deltas(open_panel: OpenPanel) -> None:
+    _sbx, _pid, panel = open_panel(BURST_THEN_COUNTER, tail_bytes=4096)
+    wait_until(lambda: panel.line_count >= 2000, timeout=15, what="lines")
+    panel._on_frontend_message(panel.terminal, {"type": "hello", "view": "v1"}, [])
+    snapshot = [(m, b) for m, b in custom(panel) if m["type"] == "snapshot"]
+    assert len(snapshot) == 1 and snapshot[0][0]["view"] == "v1"
+    tail = snapshot[0][1][0].decode()
+    assert len(tail) <= 4096 and tail.endswith("\n")
+    first_shown = int(tail.split("\n", 1)[0])
+    assert first_shown > 1000, "the tail is the newest output, bounded"
+    count = panel.line_count
+    wait_until(lambda: panel.line_count > count + 20, timeout=10, what="more")
+    panel.flush()
+    later = custom(panel)[-1]
+    assert later[0]["type"] == "delta"
+    assert int(later[1][0].decode().split("\n", 1)[0]) == int(tail.split("\n")[-2]) + 1
 
 
 @pytest.mark.timeout(30)
-def test_sync_reattach_keeps_the_sequence_contiguous(conn: dict[str, Any]) -> None:
-    with Sandbox.create(**conn) as sbx:
-        pid = start_sync(sbx, COUNTER)
-        panel = ProcessPanel(sbx, pid)
-        try:
-            for round_ in range(5):
-                target = panel.line_count + 40
-                wait_until(lambda t=target: panel.line_count >= t, timeout=10, what="lines")
-                assert panel.on_reattach() is None  # no running loop: it blocked until done
-                assert panel.state.attached and panel.state.error is None, round_
-            target = panel.line_count + 40
-            wait_until(lambda: panel.line_count >= target, timeout=10, what="lines after")
-            panel.flush()
-            lines = screen_lines(panel)
-            assert lines == numbered(lines), "a reattach lost or duplicated lines"
-            assert panel.lines == numbered(panel.lines)
-            assert panel.state.cursor is not None and panel.state.cursor > 0
-        finally:
-            panel.close()
+def test_sync_reattach_keeps_the_sequence_contiguous(open_panel: OpenPanel) -> None:
+    _sbx, _pid, panel = open_panel(COUNTER)
+    for round_ in range(5):
+        target = panel.line_count + 40
+        wait_until(lambda t=target: panel.line_count >= t, timeout=10, what="lines")
+        assert panel.on_reattach() is None  # no running loop: it blocked until done
+        assert panel.state.attached and panel.state.error is None, round_
+    target = panel.line_count + 40
+    wait_until(lambda: panel.line_count >= target, timeout=10, what="lines after")
+    panel.flush()
+    lines = screen_lines(panel)
+    assert lines == numbered(lines), "a reattach lost or duplicated lines"
+    assert panel.lines == numbered(panel.lines)
+    assert panel.state.cursor is not None and panel.state.cursor > 0
 
 
 @pytest.mark.timeout(30)
-def test_sync_kill_restart_follows_the_new_pid(conn: dict[str, Any]) -> None:
-    with Sandbox.create(**conn) as sbx:
-        old = start_sync(sbx, MARKED)
-        panel = ProcessPanel(sbx, old)
-        try:
-            wait_until(lambda: panel.line_count >= 300, timeout=10, what="old output")
-            assert panel.on_kill_restart() is None
-            new = panel.pid
-            assert new != old
-            assert sbx.commands.get(old).state == "exited"
-            assert sbx.commands.get(new).restarted_from == old
-            wait_until(lambda: (panel.state.cursor or 0) >= 20, timeout=10, what="new output")
-            assert_fresh_run(panel.lines)
-            panel.flush()
-            assert last_status(panel).startswith(f"pid {new} ·")
-            text = screen(panel)
-            assert f"now following pid {new}" in text, "the restart is marked in the terminal"
-            after = text.split(f"now following pid {new}", 1)[1].split("\n")[1:-1]
-            assert_fresh_run([line for line in after if line])
-        finally:
-            panel.close()
+def test_sync_kill_restart_follows_the_new_pid(open_panel: OpenPanel) -> None:
+    sbx, old, panel = open_panel(MARKED)
+    wait_until(lambda: panel.line_count >= 300, timeout=10, what="old output")
+    assert panel.on_kill_restart() is None
+    new = panel.pid
+    assert new != old
+    assert sbx.commands.get(old).state == "exited"
+    assert sbx.commands.get(new).restarted_from == old
+    wait_until(lambda: (panel.state.cursor or 0) >= 20, timeout=10, what="new output")
+    assert_fresh_run(panel.lines)
+    panel.flush()
+    assert last_status(panel).startswith(f"pid {new} ·")
+    text = screen(panel)
+    assert f"now following pid {new}" in text, "the restart is marked in the terminal"
+    after = text.split(f"now following pid {new}", 1)[1].split("\n")[1:-1]
+    assert_fresh_run([line for line in after if line])
 
 
 @pytest.mark.timeout(30)
-def test_sync_pause_resume_status_and_label_follow_at_once(conn: dict[str, Any]) -> None:
-    with Sandbox.create(**conn) as sbx:
-        pid = start_sync(sbx, COUNTER)
-        panel = ProcessPanel(sbx, pid)
-        try:
-            wait_until(lambda: panel.line_count >= 10, timeout=10, what="output")
-            panel.poll_interval = 0.05  # polls race the actions as hard as they can
-            assert panel.pause_button.description == "Pause"
-            for _ in range(3):
-                panel.on_pause_resume()
-                assert sbx.get_info().state == "paused"
-                assert panel.pause_button.description == "Resume"
-                assert " · paused · " in last_status(panel)
-                panel.on_pause_resume()
-                assert sbx.get_info().state == "running"
-                assert panel.pause_button.description == "Pause"
-                assert " · running · " in last_status(panel)
-            count = panel.line_count
-            wait_until(lambda: panel.line_count > count + 10, timeout=10, what="resumed output")
-            panel.flush()
-            assert " · running · " in last_status(panel)
-        finally:
-            panel.close()
+def test_sync_pause_resume_status_and_label_follow_at_once(open_panel: OpenPanel) -> None:
+    sbx, _pid, panel = open_panel(COUNTER)
+    wait_until(lambda: panel.line_count >= 10, timeout=10, what="output")
+    panel.poll_interval = 0.05  # polls race the actions as hard as they can
+    assert panel.pause_button.description == "Pause"
+    for _ in range(3):
+        panel.on_pause_resume()
+        assert sbx.get_info().state == "paused"
+        assert panel.pause_button.description == "Resume"
+        assert " · paused · " in last_status(panel)
+        panel.on_pause_resume()
+        assert sbx.get_info().state == "running"
+        assert panel.pause_button.description == "Pause"
+        assert " · running · " in last_status(panel)
+    count = panel.line_count
+    wait_until(lambda: panel.line_count > count + 10, timeout=10, what="resumed output")
+    panel.flush()
+    assert " · running · " in last_status(panel)
 
 
 @pytest.mark.timeout(30)
-def test_sync_detach_stops_updates(conn: dict[str, Any]) -> None:
-    with Sandbox.create(**conn) as sbx:
-        pid = start_sync(sbx, COUNTER)
-        panel = ProcessPanel(sbx, pid)
-        try:
-            wait_until(lambda: panel.line_count >= 10, timeout=10, what="output")
-            panel.on_detach()
-            assert not panel.state.attached
-            wait_until(lambda: open_panel_consumers(sbx, pid) == 0, timeout=5, what="closed")
-            count, head = panel.line_count, sbx.commands.get(pid).head
-            time.sleep(0.3)  # sleep-ok: observation window: nothing may arrive
-            assert panel.line_count == count
-            assert sbx.commands.get(pid).head > head, "the process kept writing meanwhile"
-            panel.flush()
-            assert "detached" in last_status(panel)
-            panel.on_reattach()  # from the cursor: the missed lines arrive, in order
-            wait_until(lambda: panel.line_count > count + 100, timeout=10, what="catch-up")
-            panel.flush()
-            assert screen_lines(panel) == numbered(screen_lines(panel))
-        finally:
-            panel.close()
+def test_sync_detach_stops_updates(open_panel: OpenPanel) -> None:
+    sbx, pid, panel = open_panel(COUNTER)
+    wait_until(lambda: panel.line_count >= 10, timeout=10, what="output")
+    panel.on_detach()
+    assert not panel.state.attached
+    wait_until(lambda: open_panel_consumers(sbx, pid) == 0, timeout=5, what="closed")
+    count, head = panel.line_count, sbx.commands.get(pid).head
+    time.sleep(0.3)  # sleep-ok: observation window: nothing may arrive
+    assert panel.line_count == count
+    assert sbx.commands.get(pid).head > head, "the process kept writing meanwhile"
+    panel.flush()
+    assert "detached" in last_status(panel)
+    panel.on_reattach()  # from the cursor: the missed lines arrive, in order
+    wait_until(lambda: panel.line_count > count + 100, timeout=10, what="catch-up")
+    panel.flush()
+    assert screen_lines(panel) == numbered(screen_lines(panel))
 
 
 @pytest.mark.timeout(30)
-def test_sync_send_stdin_reaches_cat(conn: dict[str, Any]) -> None:
-    with Sandbox.create(**conn) as sbx:
-        pid = start_sync(sbx, CAT)
-        panel = ProcessPanel(sbx, pid)
-        try:
-            panel.on_send_stdin("hello panel")
-            wait_until(lambda: "hello panel" in panel.lines, timeout=10, what="echo")
-            panel.stdin_box.value = "from the box"
-            panel.on_send_stdin()
-            assert panel.stdin_box.value == ""
-            wait_until(lambda: "from the box" in panel.lines, timeout=10, what="box echo")
-            assert panel.lines == ["hello panel", "from the box"]
-            panel.flush()
-            assert screen_lines(panel) == ["hello panel", "from the box"]
-        finally:
-            panel.close()
+def test_sync_send_stdin_reaches_cat(open_panel: OpenPanel) -> None:
+    _sbx, _pid, panel = open_panel(CAT)
+    panel.on_send_stdin("hello panel")
+    wait_until(lambda: "hello panel" in panel.lines, timeout=10, what="echo")
+    panel.stdin_box.value = "from the box"
+    panel.on_send_stdin()
+    assert panel.stdin_box.value == ""
+    wait_until(lambda: "from the box" in panel.lines, timeout=10, what="box echo")
+    assert panel.lines == ["hello panel", "from the box"]
+    panel.flush()
+    assert screen_lines(panel) == ["hello panel", "from the box"]
 
 
 @pytest.mark.timeout(30)
-def test_sync_panel_shows_stderr_and_exit(conn: dict[str, Any]) -> None:
-    with Sandbox.create(**conn) as sbx:
-        pid = start_sync(sbx, ["sh", "-c", "echo out; echo 'e<r>r' >&2; printf tail; exit 3"])
-        panel = ProcessPanel(sbx, pid)
-        try:
-            wait_until(lambda: panel.state.exit_code == 3, timeout=10, what="the exit")
-            assert panel.line_count == 2
-            panel.flush()
-            # stdout and stderr are separate pipes: their relative order is the arrival's.
-            assert sorted(screen(panel).split("\n")) in (
-                sorted(["out", "e<r>r", "tail"]),
-                sorted(["out", "taile<r>r", ""]),
-            )
-            raw = b"".join(b for _, bufs in custom(panel) for b in bufs)
-            assert b"\x1b[31me<r>r\n\x1b[0m" in raw, "stderr is red"
-            assert "exited" in last_status(panel) and "exit 3" in last_status(panel)
-            assert not panel.state.stalled()
-        finally:
-            panel.close()
+def test_sync_panel_shows_stderr_and_exit(open_panel: OpenPanel) -> None:
+    _sbx, _pid, panel = open_panel(["sh", "-c", "echo out; echo 'e<r>r' >&2; printf tail; exit 3"])
+    wait_until(lambda: panel.state.exit_code == 3, timeout=10, what="the exit")
+    assert panel.line_count == 2
+    panel.flush()
+    # stdout and stderr are separate pipes: their relative order is the arrival's.
+    assert sorted(screen(panel).split("\n")) in (
+        sorted(["out", "e<r>r", "tail"]),
+        sorted(["out", "taile<r>r", ""]),
+    )
+    raw = b"".join(b for _, bufs in custom(panel) for b in bufs)
+    assert b"\x1b[31me<r>r\n\x1b[0m" in raw, "stderr is red"
+    assert "exited" in last_status(panel) and "exit 3" in last_status(panel)
+    assert not panel.state.stalled()
 
 
 @pytest.mark.timeout(30)
@@ -594,9 +569,9 @@ async def test_async_panel_follows_reattaches_and_flushes_itself(conn: dict[str,
         pid = await start_async(sbx, COUNTER)
         panel = ProcessPanel(sbx, pid)
         try:
-            await apoll(lambda: panel.line_count >= 50, what="lines")
+            await poll(lambda: panel.line_count >= 50, what="lines")
             # The ticker flushes on the loop: no explicit flush() here.
-            await apoll(lambda: len(screen_lines(panel)) >= 50, what="flushed lines")
+            await poll(lambda: len(screen_lines(panel)) >= 50, what="flushed lines")
             for _ in range(3):
                 await more_lines(panel, 30)
                 task = panel.on_reattach()
@@ -616,8 +591,8 @@ async def test_async_panel_follows_reattaches_and_flushes_itself(conn: dict[str,
                 assert time.monotonic() < deadline, "the reattach did not happen"
                 await asyncio.sleep(0.01)  # sleep-ok: poll interval
             target = panel.line_count + 30
-            await apoll(lambda: panel.line_count >= target, what="lines after")
-            await apoll(lambda: len(screen_lines(panel)) >= target, what="flushed")
+            await poll(lambda: panel.line_count >= target, what="lines after")
+            await poll(lambda: len(screen_lines(panel)) >= target, what="flushed")
             assert screen_lines(panel) == numbered(screen_lines(panel))
             assert panel.state.error is None
         finally:
@@ -631,11 +606,11 @@ async def test_async_kill_restart_pause_resume_detach(conn: dict[str, Any]) -> N
         old = await start_async(sbx, MARKED)
         panel = ProcessPanel(sbx, old)
         try:
-            await apoll(lambda: panel.line_count >= 200, what="old output")
+            await poll(lambda: panel.line_count >= 200, what="old output")
             await panel.on_kill_restart()  # type: ignore[misc]
             assert panel.pid != old
             assert (await sbx.commands.get(old)).state == "exited"
-            await apoll(lambda: (panel.state.cursor or 0) >= 20, what="new output")
+            await poll(lambda: (panel.state.cursor or 0) >= 20, what="new output")
             assert_fresh_run(panel.lines)
 
             await panel.on_pause_resume()  # type: ignore[misc]
@@ -666,7 +641,7 @@ async def test_a_poll_in_flight_during_kill_restart_does_not_write_the_old_head(
         old = await start_async(sbx, COUNTER)
         panel = ProcessPanel(sbx, old)
         try:
-            await apoll(lambda: panel.line_count >= 300, what="old output")
+            await poll(lambda: panel.line_count >= 300, what="old output")
             real = sbx.consumers
             gate = asyncio.Event()
             entered = asyncio.Event()
@@ -678,12 +653,12 @@ async def test_a_poll_in_flight_during_kill_restart_does_not_write_the_old_head(
                 return frame
 
             sbx.consumers = slow_consumers  # type: ignore[method-assign]
-            poll = asyncio.create_task(panel.poll())
+            in_flight = asyncio.create_task(panel.poll())
             await entered.wait()
             sbx.consumers = real  # type: ignore[method-assign]
             await panel.on_kill_restart()  # type: ignore[misc]
             gate.set()
-            await poll
+            await in_flight
             assert panel.state.pid != old
             new_head = (await sbx.commands.get(panel.state.pid)).head
             assert panel.state.head is None or panel.state.head <= new_head, (
@@ -700,8 +675,8 @@ async def test_async_send_stdin_and_close(conn: dict[str, Any]) -> None:
         pid = await start_async(sbx, CAT)
         panel = ProcessPanel(sbx, pid)
         await panel.on_send_stdin("ping")  # type: ignore[misc]
-        await apoll(lambda: "ping" in panel.lines, what="echo")
-        await apoll(lambda: "ping" in screen_lines(panel), what="flushed echo")
+        await poll(lambda: "ping" in panel.lines, what="echo")
+        await poll(lambda: "ping" in screen_lines(panel), what="flushed echo")
         panel.close()  # sync close on a running loop: the teardown finishes on the loop
         await panel.aclose()
         assert panel.tasks == 0
@@ -725,9 +700,9 @@ async def test_stalled_badge_for_paused_process_with_pending_output(
         pid = start_sync(sbx, COUNTER)
         panel = ProcessPanel(sbx, pid, stall_after=0.3)
         try:
-            await apoll(lambda: panel.line_count >= 20, what="output")
+            await poll(lambda: panel.line_count >= 20, what="output")
             await panel.on_pause_resume()  # type: ignore[misc]
-            await apoll(lambda: panel.state.process_state == "paused", what="paused state")
+            await poll(lambda: panel.state.process_state == "paused", what="paused state")
             # Output written just before the pause may still be in flight: let it land.
             count = -1
             while panel.line_count != count:
@@ -740,9 +715,9 @@ async def test_stalled_badge_for_paused_process_with_pending_output(
             cursor = panel.state.cursor
             assert cursor is not None
             panel.state.update_process(head=cursor + 5)  # output we do not get (wedged)
-            await apoll(lambda: "STALLED" in last_status(panel), timeout=5, what="badge")
+            await poll(lambda: "STALLED" in last_status(panel), timeout=5, what="badge")
             await panel.on_pause_resume()  # type: ignore[misc]
-            await apoll(lambda: "STALLED" not in last_status(panel), timeout=5, what="clear")
+            await poll(lambda: "STALLED" not in last_status(panel), timeout=5, what="clear")
             assert panel.line_count > count
         finally:
             await panel.aclose()
@@ -751,6 +726,7 @@ async def test_stalled_badge_for_paused_process_with_pending_output(
 
 
 @pytest.mark.timeout(40)
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["sync", "async"])
 async def test_throttle_at_1000_lines_per_second(conn: dict[str, Any], kind: str) -> None:
     sbx: Sandbox | AsyncSandbox = (
@@ -761,8 +737,8 @@ async def test_throttle_at_1000_lines_per_second(conn: dict[str, Any], kind: str
         started = time.monotonic()
         panel = ProcessPanel(sbx, pid, flush_hz=10.0)
         try:
-            await apoll(lambda: panel.line_count >= 2000, timeout=20, what="all lines")
-            await apoll(lambda: "1999" in screen_lines(panel), timeout=5, what="final value")
+            await poll(lambda: panel.line_count >= 2000, timeout=20, what="all lines")
+            await poll(lambda: "1999" in screen_lines(panel), timeout=5, what="final value")
             elapsed = time.monotonic() - started
             messages = len(custom(panel))
             assert panel.state.chunks >= 500, "the state changed per chunk"
@@ -791,13 +767,13 @@ async def test_rate_cap_shows_the_newest_output_and_a_skip_marker(conn: dict[str
         started = time.monotonic()
         panel = ProcessPanel(sbx, pid, rate_cap=64 * 1024)
         try:
-            await apoll(
+            await poll(
                 lambda: panel.state.exit_code is not None,
                 timeout=60,
                 what="exit",
                 info=lambda: panel.state.snapshot(),
             )
-            await apoll(lambda: "199999" in screen_lines(panel), timeout=5, what="the end")
+            await poll(lambda: "199999" in screen_lines(panel), timeout=5, what="the end")
             elapsed = time.monotonic() - started
             text = screen(panel)
             assert re.search(r"… \d+ bytes skipped \(cursor \d+–\d+\)", text)
@@ -810,17 +786,12 @@ async def test_rate_cap_shows_the_newest_output_and_a_skip_marker(conn: dict[str
 
 
 @pytest.mark.timeout(30)
-def test_the_daemon_knows_the_panel_by_its_role(conn: dict[str, Any]) -> None:
-    with Sandbox.create(**conn) as sbx:
-        pid = start_sync(sbx, CAT)
-        panel = ProcessPanel(sbx, pid)
-        try:
-            wait_until(lambda: open_panel_consumers(sbx, pid) == 1, timeout=5, what="consumer")
-            frame = sbx.consumers()
-            rows = frame[(frame["pid"] == pid) & frame["closed_at"].isna()]
-            assert list(rows["role"]) == ["panel"]
-        finally:
-            panel.close()
+def test_the_daemon_knows_the_panel_by_its_role(open_panel: OpenPanel) -> None:
+    sbx, pid, _panel = open_panel(CAT)
+    wait_until(lambda: open_panel_consumers(sbx, pid) == 1, timeout=5, what="consumer")
+    frame = sbx.consumers()
+    rows = frame[(frame["pid"] == pid) & frame["closed_at"].isna()]
+    assert list(rows["role"]) == ["panel"]
 
 
 @pytest.mark.timeout(30)

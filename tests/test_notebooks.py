@@ -39,6 +39,8 @@ NAMES = [
     "03_stall_statistics.ipynb",
     "04_remediation_by_hand.ipynb",
 ]
+# The quick run executes the quickstart; the others take 10-15 s each.
+QUICK = {"01_quickstart.ipynb"}
 CELL_TIMEOUT = 60
 KEEPS_RUNNING = {
     "01_quickstart.ipynb": 1,
@@ -179,7 +181,9 @@ def test_the_python3_kernel_is_installed() -> None:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize(
+    "name", [n if n in QUICK else pytest.param(n, marks=pytest.mark.slow) for n in NAMES]
+)
 def test_notebook_runs_unattended(name: str, tmp_path: Path) -> None:
     started = time.monotonic()
     extra = [PANEL_CONTRACT] if name == "04_remediation_by_hand.ipynb" else []

@@ -26,8 +26,8 @@ from typing import Any
 import httpx
 import psutil
 import pytest
-from conftest import wait_until
 from freezer_support import alive, cli_env
+from support import wait_until
 
 from sandboxkit.daemon.freezer import cgroup_v2_available
 from sandboxkit.daemon.freezer.cgroupfs import cgroup2_mount, cgroup_base

@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+from support import poll
 
 from sandboxkit import AsyncSandbox
 from sandboxkit.client.api import ApiClient
@@ -130,7 +131,7 @@ async def test_calls_reuse_one_connection_and_close_it(
         await api.aclose()
         gc.collect()
     assert api._pool is not None and api._pool.connections == 0
-    await _until(lambda: server.open == 0)  # the server saw the connection close
+    await poll(lambda: server.open == 0, 5.0, "the server to see the connection close")
 
 
 async def test_concurrent_calls_get_connections_of_their_own(
@@ -146,7 +147,7 @@ async def test_concurrent_calls_get_connections_of_their_own(
     api = ApiClient(server.url, None)
     try:
         calls = [asyncio.create_task(api.call("GET", "/x")) for _ in range(3)]
-        await _until(lambda: len(server.requests) == 3)
+        await poll(lambda: len(server.requests) == 3, 5.0, "three requests")
         release.set()
         assert await asyncio.gather(*calls) == [{"ok": True}] * 3
         assert server.accepts == 3
@@ -220,7 +221,7 @@ async def test_a_connection_closed_while_idle_is_not_written_to(
     try:
         await api.call("POST", "/p")
         server.writers[0].close()
-        await _until(lambda: server.open == 0)
+        await poll(lambda: server.open == 0, 5.0, "the server to see the connection close")
         assert await api.call("POST", "/p") == {"ok": True}
         assert len(server.requests) == 2
         assert server.accepts == 2
@@ -423,10 +424,3 @@ async def test_a_real_daemon_serves_a_sandbox_over_one_connection(conn: dict[str
 
 
 # -- helpers ---------------------------------------------------------------------------
-
-
-async def _until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(0.005)  # sleep-ok: polling with a deadline

@@ -77,6 +77,7 @@ async def test_looking_does_not_keep_a_sandbox_alive(
         assert took < 1.0 + 2.0, f"looked at it every {_PACE}s and it lived {took:.1f}s"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(30)
 async def test_a_command_keeps_a_sandbox_alive(conn: dict[str, Any], daemon: DaemonServer) -> None:
     import asyncio
@@ -108,6 +109,7 @@ async def test_looking_never_resumes_a_paused_auto_resume_sandbox(
         assert core.state == "running"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_ps_and_status_in_a_loop_do_not_keep_a_sandbox_alive(
     conn: dict[str, Any], daemon: DaemonServer, tmp_path: Path

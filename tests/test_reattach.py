@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 import psutil
 import pytest
-from conftest import wait_until
 from support import poll as _poll
+from support import wait_until
 
 from sandboxkit import AsyncSandbox, CommandExitError, Sandbox
 from sandboxkit.client.api import ApiClient

@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-from conftest import fast_config, wait_until
 from freezer_support import alive, served
+from support import fast_config, wait_until
 
 from sandboxkit.daemon.freezer import cgroup_v2_available
 from sandboxkit.daemon.recovery import LOCK_FILE

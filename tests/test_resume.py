@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 import pytest
-from conftest import fast_config
+from support import fast_config
 from support import poll as _poll
 
 from sandboxkit import AsyncSandbox, CommandExitError, ResultUnavailable

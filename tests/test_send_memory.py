@@ -149,6 +149,7 @@ def test_full_collections_before_a_trim_are_rare_however_often_consumers_leave(
     assert len(collections) == 1
 
 
+@pytest.mark.slow
 def test_slow_readers_of_the_daemon_never_have_more_than_the_bound_in_its_transports(
     daemon: DaemonServer,
 ) -> None:

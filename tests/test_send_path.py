@@ -150,6 +150,7 @@ def test_peers_that_vanish_mid_stream_cost_no_writes_into_dead_sockets(
     assert "socket.send() raised exception" not in caplog.text
 
 
+@pytest.mark.slow
 def test_under_uvloop_a_pty_process_reads_stdin_and_quick_exits_start_cleanly() -> None:
     """uvloop's write-pipe transport reads its fd to notice a close: on a dup of a pty
     master that read stole the child's output, and a child that exits at once had its

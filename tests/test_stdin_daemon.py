@@ -9,8 +9,7 @@ import base64
 
 import httpx
 import pytest
-from conftest import fast_config
-from support import poll
+from support import fast_config, poll
 
 from sandboxkit.daemon.config import DaemonConfig
 from sandboxkit.daemon.host import Host

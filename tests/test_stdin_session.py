@@ -14,13 +14,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import secrets
-import time
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support import poll
 
 from sandboxkit import AsyncSandbox, DaemonUnavailable, StdinBusy, StdinSeqMismatch
 from sandboxkit.client.api import ApiClient
@@ -30,15 +30,6 @@ from sandboxkit.errors import SandboxkitError
 
 HANG = 5.0
 """Bound on anything that must complete: a hang fails the test instead of the suite."""
-
-
-async def _poll(predicate: Any, what: str, timeout: float = HANG) -> None:
-    """Wait until ``predicate()`` holds (a poll with a deadline, not a sync point)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)  # sleep-ok: poll interval
 
 
 # -- (a) a scripted in-memory transport --------------------------------------------------
@@ -152,7 +143,7 @@ async def test_error_after_every_ack_before_close_then_close_completes(retries: 
         await session.write(batch)
     await asyncio.wait_for(transport.failed.wait(), HANG)
     # The session has handled the error (dropped the broken connection) before the close.
-    await _poll(lambda: transport.closes == 1, "the broken connection to be dropped")
+    await poll(lambda: transport.closes == 1, HANG, "the broken connection to be dropped")
     assert transport.failures == 1
     assert session.acked == len(BATCHES)
     assert not session.finished  # inputs are not exhausted yet
@@ -174,7 +165,7 @@ async def test_error_after_every_ack_with_an_async_input_source() -> None:
         for batch in BATCHES:
             yield batch
         await asyncio.wait_for(transport.failed.wait(), HANG)
-        await _poll(lambda: transport.closes == 1, "the broken connection to be dropped")
+        await poll(lambda: transport.closes == 1, HANG, "the broken connection to be dropped")
 
     await asyncio.wait_for(session.write_all(inputs()), HANG)
     assert session.finished
@@ -193,7 +184,7 @@ async def test_idle_connection_loss_costs_no_retry_and_later_writes_reconnect() 
     await asyncio.wait_for(transport.failed.wait(), HANG)
     # Write only once the session has handled the loss (dropped that connection): the
     # next batch then goes out on a fresh connection, on no retry budget at all.
-    await _poll(lambda: transport.closes == 1, "the broken connection to be dropped")
+    await poll(lambda: transport.closes == 1, HANG, "the broken connection to be dropped")
     await session.write(b"three\n")
     await asyncio.wait_for(session.close(), HANG)
     assert session.acked == 3
@@ -281,7 +272,7 @@ async def test_abort_ends_a_stuck_session_even_if_dropping_the_connection_fails(
     transport = ScriptedTransport(silent=True, fail_on_aclose=fail_on_aclose)
     session = StdinSession(transport, retries=3, backoff=0.001)
     await session.write(b"never acked\n")
-    await _poll(lambda: transport.sent == [0], "the batch to be sent")
+    await poll(lambda: transport.sent == [0], HANG, "the batch to be sent")
     with pytest.raises(asyncio.TimeoutError):
         await asyncio.wait_for(session.close(), 0.2)
     runner = session._runner

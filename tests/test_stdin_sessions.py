@@ -6,7 +6,7 @@ is called."""
 from __future__ import annotations
 
 import pytest
-from conftest import fast_config
+from support import fast_config
 
 from sandboxkit.client import AsyncSandbox
 from sandboxkit.daemon.config import DaemonConfig

@@ -21,8 +21,8 @@ from typing import Any
 import httpx
 import psutil
 import pytest
-from conftest import fast_config, wait_until
 from freezer_support import served
+from support import fast_config, wait_until
 from support import poll as _poll
 
 from sandboxkit import AsyncSandbox, Sandbox, SandboxClosed
@@ -269,6 +269,7 @@ def _ghost_stream(server: DaemonServer, sandbox_id: str, pid: int) -> socket.soc
     return ghost
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 async def test_stopped_daemon_leaves_no_process_and_stops_in_bounded_time() -> None:
     config = fast_config()

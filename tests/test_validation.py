@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import fast_config
+from support import fast_config
 
 from sandboxkit.daemon.config import DaemonConfig
 from sandboxkit.daemon.server import DaemonServer

@@ -15,8 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import fast_config, wait_until
-from support import poll
+from support import fast_config, poll, wait_until
 
 from sandboxkit import AsyncSandbox, Sandbox
 from sandboxkit.client.stream import GapInfo
@@ -352,6 +351,7 @@ def test_the_panel_follows_a_restart_made_elsewhere_within_1s(conn: dict[str, An
             panel.close()
 
 
+@pytest.mark.slow
 async def test_the_timeline_shows_pauses_by_others_within_1s(conn: dict[str, Any]) -> None:
     """The timeline (inside a kernel: a running loop) draws a pause and its end within a
     second of the action, whoever made it, three times in a row."""

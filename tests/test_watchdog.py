@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import child_env, fast_config
+from support import child_env, fast_config
 from support import poll as _poll
 
 import sandboxkit
@@ -242,6 +242,7 @@ def _served(tmp_path: Path) -> Iterator[tuple[DaemonState, subprocess.Popen[byte
             proc.wait(5)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 async def test_a_frozen_daemon_is_reported_to_a_stream_within_two_keepalives(
     tmp_path: Path,
@@ -325,6 +326,7 @@ print("second", flush=True)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(30)
 async def test_idle_stream_is_not_killed_by_a_read_timeout(conn: dict[str, str]) -> None:
     async with await AsyncSandbox.create(**conn) as sbx:

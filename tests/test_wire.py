@@ -46,6 +46,7 @@ def _raw(kind: int, meta: bytes, payload: bytes = b"") -> bytes:
 # -- round trip under arbitrary splits -----------------------------------------------------
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(frames=st.lists(_frame, max_size=12), data=st.data())
 def test_frames_survive_any_split(frames: list[Frame], data: st.DataObject) -> None:
