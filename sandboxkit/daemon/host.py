@@ -21,6 +21,7 @@ from sandboxkit.daemon.isolation import (
     NamespacePlan,
     drop_prefix,
     hidden_defaults,
+    host_mounts,
     probe,
     resolve_mode,
     write_accounts,
@@ -97,6 +98,9 @@ class Host:
             # shell's ulimit, see daemon/launch.py) to answer.
             await asyncio.to_thread(probe)
             await asyncio.to_thread(shell_ulimit)
+            if probe().available:  # what every namespaced launch mounts (isolation.py)
+                hide = hidden_defaults(self.root, self.runtime_root)
+                await asyncio.to_thread(host_mounts, hide, bool(drop_prefix()))
             try:
                 reports = await asyncio.to_thread(recover)
             except Exception as exc:  # best effort: never keep the daemon from serving

@@ -58,6 +58,7 @@ __all__ = [
     "Probe",
     "drop_prefix",
     "hidden_defaults",
+    "host_mounts",
     "probe",
     "resolve_mode",
     "write_accounts",
@@ -241,25 +242,40 @@ class NamespacePlan:
             head.append("--unshare-net")
         mounts = ["--hostname", self.hostname]
         mounts += ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
-        covered = (*_HIDDEN, *self.hide)
-        hidden = _existing_dirs(covered)
-        for place in hidden:
-            # Each mount costs bwrap time: none below /tmp (replaced whole) or below
-            # another hidden place.
-            if not _under(place, (TMP, *(h for h in hidden if h != place))):
-                mounts += ["--tmpfs", place]
+        tmpfs, keep = host_mounts(self.hide, bool(self.prefix))
+        for place in tmpfs:
+            mounts += ["--tmpfs", place]
         mounts += ["--bind", str(self.home), HOME, "--bind", str(self.tmp), TMP]
-        # The daemon's interpreter stays usable inside (it may live in a hidden home, or
-        # in a venv under the host's /tmp).
-        for keep in _existing_dirs(_python_dirs()):
-            if _under(keep, (*covered, TMP)) and (not self.prefix or _world_reachable(keep)):
-                mounts += ["--ro-bind", keep, keep]
+        for place in keep:
+            mounts += ["--ro-bind", place, place]
         accounts: list[str] = []
         for name in ("passwd", "group"):
             accounts += ["--ro-bind", str(self.etc / name), f"/etc/{name}"]
         # No --clearenv: bwrap passes on its own environment, which the daemon builds
         # from :meth:`env` alone (nothing of the daemon's own environment leaks in).
         return head, mounts, accounts
+
+
+@functools.cache
+def host_mounts(hide: tuple[str, ...], dropped: bool) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The host directories to cover with an empty tmpfs, and the interpreter's
+    directories to bind back read-only, for a daemon that hides ``hide`` (and drops to
+    :data:`SANDBOX_HOST_UID` if ``dropped``). Worked out once per daemon (the directories
+    of the host and of the daemon's Python do not come and go; a look at each took most of
+    a millisecond of a sandbox's first launch); the host warms it when it starts."""
+    covered = (*_HIDDEN, *hide)
+    hidden = _existing_dirs(covered)
+    # Each mount costs bwrap time: none below /tmp (replaced whole) or below another
+    # hidden place.
+    tmpfs = tuple(p for p in hidden if not _under(p, (TMP, *(h for h in hidden if h != p))))
+    # The daemon's interpreter stays usable inside (it may live in a hidden home, or in a
+    # venv under the host's /tmp), where the account the sandbox runs as can reach it.
+    keep = tuple(
+        p
+        for p in _existing_dirs(_python_dirs())
+        if _under(p, (*covered, TMP)) and (not dropped or _world_reachable(p))
+    )
+    return tmpfs, keep
 
 
 def _account(user: str | None) -> str:
