@@ -173,7 +173,10 @@ def _attack(daemon: Daemon, attackers: Attackers, seconds: float) -> list[float]
 def test_a_connection_flood_does_not_lock_out_a_healthy_client(
     tmp_path: Path, opening: bytes
 ) -> None:
-    ticker = "import time\nwhile True:\n    print(time.time(), flush=True)\n    time.sleep(0.05)"  # sleep-ok: the child's pace
+    ticker = (
+        "import time\nwhile True:\n    print(time.time(), flush=True)\n"
+        "    time.sleep(0.05)"  # sleep-ok: the child's pace
+    )
     arrivals: list[float] = []
     with (
         _served(tmp_path, "--header-timeout", str(HEADER_TIMEOUT)) as daemon,
