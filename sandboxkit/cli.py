@@ -31,22 +31,38 @@ from sandboxkit.statefile import DaemonState, read_state, remove_state
 __all__ = ["main"]
 
 
-_CONFIG_OPTIONS = (
-    "retention_bytes",
-    "output_cache_bytes",
-    "result_ttl",
-    "stall_timeout",
-    "keepalive_interval",
-    "freezer",
-    "isolation",
-    "header_timeout",
-    "keepalive_timeout",
-    "body_timeout",
-    "max_connections",
-    "fd_reserve",
-)
-"""The :class:`DaemonConfig` fields ``serve`` sets from the options of the same name; each
-option's default is the field's."""
+_CONFIG_OPTIONS: dict[str, str] = {
+    "retention_bytes": (
+        "output kept per process, in bytes, on disk (segment files under the daemon's "
+        "root); older output is evicted (a reader behind it gets a gap)"
+    ),
+    "output_cache_bytes": "memory per process for its newest output, for the readers that keep up",
+    "result_ttl": "seconds an exited process's output and exit code stay available",
+    "stall_timeout": "seconds a stream may make no progress before the daemon kicks it",
+    "keepalive_interval": "seconds between keepalive frames on an idle stream",
+    "freezer": (
+        "how pause freezes a process tree: cgroup freezer, SIGSTOP/SIGCONT, or the best available"
+    ),
+    "isolation": (
+        "what a sandbox created without isolation= gets: its own namespaces where the "
+        "kernel allows (auto), always (namespaces: creates fail where they cannot), or none "
+        "(docs/isolation.md)"
+    ),
+    "header_timeout": "seconds a new connection has to send a whole request head",
+    "keepalive_timeout": "seconds an idle connection may wait for its next request",
+    "body_timeout": "seconds a request body may pause before its connection is closed",
+    "max_connections": "connections kept open; past it idle unauthenticated ones are closed",
+    "fd_reserve": "file descriptors idle connections may not take (kept for processes and files)",
+}
+"""The :class:`DaemonConfig` fields ``serve`` sets from the options of the same name
+(``--retention-bytes`` …), with their help; each option's default and type are the
+field's."""
+
+_CHOICES: dict[str, list[str]] = {
+    "freezer": ["auto", "cgroup", "signals"],
+    "isolation": ["auto", "namespaces", "none"],
+}
+"""The options among them that take one of a few names."""
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -507,67 +523,6 @@ def _parser() -> argparse.ArgumentParser:
         help="allow --no-auth on a non-loopback --host (anyone who can reach it can run commands)",
     )
     serve.add_argument(
-        "--retention-bytes",
-        type=int,
-        default=config.retention_bytes,
-        help="output kept per process, in bytes, on disk (segment files under the daemon's "
-        "root); older output is evicted (a reader behind it gets a gap)",
-    )
-    serve.add_argument(
-        "--output-cache-bytes",
-        type=int,
-        default=config.output_cache_bytes,
-        help="memory per process for its newest output, served to readers that keep up",
-    )
-    serve.add_argument(
-        "--result-ttl",
-        type=float,
-        default=config.result_ttl,
-        help="seconds an exited process's output and exit code stay available",
-    )
-    serve.add_argument(
-        "--stall-timeout",
-        type=float,
-        default=config.stall_timeout,
-        help="seconds a stream may make no progress before the daemon kicks it",
-    )
-    serve.add_argument(
-        "--keepalive-interval",
-        type=float,
-        default=config.keepalive_interval,
-        help="seconds between keepalive frames on an idle stream",
-    )
-    serve.add_argument(
-        "--header-timeout",
-        type=float,
-        default=config.header_timeout,
-        help="seconds a new connection has to send a whole request head (else it is closed)",
-    )
-    serve.add_argument(
-        "--keepalive-timeout",
-        type=float,
-        default=config.keepalive_timeout,
-        help="seconds an idle connection waits for its next request before it is closed",
-    )
-    serve.add_argument(
-        "--body-timeout",
-        type=float,
-        default=config.body_timeout,
-        help="seconds a request body may pause before its connection is closed",
-    )
-    serve.add_argument(
-        "--max-connections",
-        type=int,
-        default=config.max_connections,
-        help="connections kept open; past it idle unauthenticated ones are closed",
-    )
-    serve.add_argument(
-        "--fd-reserve",
-        type=int,
-        default=config.fd_reserve,
-        help="file descriptors idle connections may not take (kept for processes and files)",
-    )
-    serve.add_argument(
         "--envd",
         type=int,
         nargs="?",
@@ -578,21 +533,12 @@ def _parser() -> argparse.ArgumentParser:
         "and E2B's control plane under /api for the SDK outside it (default port 49983, "
         "envd's; 0: any free one); see docs/e2b.md",
     )
-    serve.add_argument(
-        "--freezer",
-        choices=["auto", "cgroup", "signals"],
-        default=config.freezer,
-        help="how pause freezes a process tree: cgroup freezer, SIGSTOP/SIGCONT, or the "
-        "best available",
-    )
-    serve.add_argument(
-        "--isolation",
-        choices=["auto", "namespaces", "none"],
-        default=config.isolation,
-        help="what a sandbox created without isolation= gets: its own namespaces where the "
-        "kernel allows (auto), always (namespaces: creates fail where they cannot), or none "
-        "(docs/isolation.md)",
-    )
+    for name, text in _CONFIG_OPTIONS.items():
+        default = getattr(config, name)
+        kind: dict[str, Any] = (
+            {"choices": _CHOICES[name]} if name in _CHOICES else {"type": type(default)}
+        )
+        serve.add_argument("--" + name.replace("_", "-"), default=default, help=text, **kind)
     serve.set_defaults(func=_cmd_serve)
 
     status = _sub(sub, "status", "show the local daemon, its live sandboxes and how many ended")
