@@ -49,6 +49,7 @@ from pathlib import Path
 
 import httpx
 import psutil
+from _workloads import PRODUCER
 
 from sandboxkit.daemon.config import DaemonConfig
 from sandboxkit.daemon.output_log import OutputLog
@@ -214,22 +215,6 @@ async def daemon_run(mode: str, pattern: str, mib: int, retention: int, **settin
         )
     finally:
         daemon.stop()
-
-
-PRODUCER = (
-    "import sys, time\n"
-    "block = b'y' * 65536\n"
-    "out = sys.stdout.buffer\n"
-    "start, sent = time.monotonic(), 0\n"
-    "while True:\n"
-    "    out.write(block)\n"
-    "    out.flush()\n"
-    "    sent += len(block)\n"
-    "    ahead = sent / {rate} - (time.monotonic() - start)\n"
-    "    if ahead > 0:\n"
-    "        time.sleep(ahead)\n"
-)
-"""Writes 64 KiB blocks at ``rate`` bytes per second until it is killed."""
 
 
 async def _consume(port: int, path: str, token: str, slow: bool, received: list[int]) -> None:

@@ -68,26 +68,13 @@ from typing import Any
 import httpx
 import psutil
 from _daemon import local_daemon
+from _workloads import PRODUCER
 
 from sandboxkit.statefile import DaemonState
 
 RATE = 10 * 1000 * 1000
 """The producer's pace, bytes per second."""
 
-PRODUCER = (
-    "import sys, time\n"
-    "block = b'y' * 65536\n"
-    "out = sys.stdout.buffer\n"
-    "start, sent = time.monotonic(), 0\n"
-    "while True:\n"
-    "    out.write(block)\n"
-    "    out.flush()\n"
-    "    sent += len(block)\n"
-    "    ahead = sent / {rate} - (time.monotonic() - start)\n"
-    "    if ahead > 0:\n"
-    "        time.sleep(ahead)\n"
-)
-"""Writes 64 KiB blocks at ``rate`` bytes per second until it is killed."""
 
 # In namespaces the host's interpreter may be out of reach: 1 MiB every 0.1 s from the
 # shell (a little under 10 MB/s; the ratio compares it with itself).
