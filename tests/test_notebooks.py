@@ -218,4 +218,8 @@ def test_notebook_runs_unattended(name: str, tmp_path: Path) -> None:
     }[name]
     for expected in checks:
         assert expected in text, f"{name}: {expected!r} not in the outputs:\n{text}"
+    # A warning box under a cell is what a reader sees of a lost-output or lab warning
+    # that the notebook's own readers should have handled (issue 20).
+    warned = [line for line in text.splitlines() if "Warning:" in line]
+    assert not warned, f"{name}: warnings in the outputs: {warned}"
     print(json.dumps({"notebook": name, "seconds": round(elapsed, 1)}))

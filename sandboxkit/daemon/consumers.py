@@ -381,8 +381,9 @@ class Consumer:
                 },
             ),
         )
-        requested = self._requested
-        if requested is not None and requested < feed.start:
+        # No cursor asks for everything from the first chunk, as for the log's own feed.
+        requested = 0 if self._requested is None else self._requested
+        if requested < feed.start:
             # A lab policy that delivers new output only did not honour the cursor: what
             # lies between is as lost to this reader as evicted output, and said so the
             # same way, exactly (the reader's on_gap, its marker, the panel's line).

@@ -25,6 +25,7 @@ from sandboxkit.client.stdin import StdinSession
 if TYPE_CHECKING:
     from sandboxkit.client.commands import AsyncCommandHandle
     from sandboxkit.client.sandbox import AsyncSandbox
+    from sandboxkit.client.stream import GapInfo
 
 __all__ = ["JsonRpcClient", "RpcClosed", "RpcError", "RpcTimeout", "refresh"]
 
@@ -73,7 +74,9 @@ class JsonRpcClient:
     :meth:`start`), ``bytes_received``, ``stray_lines`` (non-JSON lines, responses with
     unknown ids), ``notifications`` (the last ``max_notifications`` server-initiated
     messages), ``stdin_restarts`` (stdin sessions replaced after they failed, e.g. on a
-    paused sandbox) and ``last_stdin_error``.
+    paused sandbox), ``last_stdin_error`` and ``gaps`` (output this reader was told it
+    will not get: a lab policy that delivers new output only skips what came before, and
+    the experiment counts those itself, so no warning is raised for them).
     """
 
     def __init__(
@@ -98,6 +101,7 @@ class JsonRpcClient:
         self.responses = 0
         self.notifications: list[dict[str, Any]] = []
         self.stdin_restarts = 0
+        self.gaps: list[GapInfo] = []
         self.last_stdin_error: BaseException | None = None
         self._next_id = first_id if first_id is not None else secrets.randbelow(1 << 30) + 1
         self._pending: dict[int, tuple[str, asyncio.Future[Any]]] = {}
@@ -120,7 +124,12 @@ class JsonRpcClient:
         # on_end: a callback when the stream ends (exit, error or disconnect), not a
         # watcher task, so nothing is left to cancel.
         self._handle = await self.sbx.commands.connect(
-            self.pid, self.cursor, on_stdout=self.feed, lines=False, on_end=self._on_stream_done
+            self.pid,
+            self.cursor,
+            on_stdout=self.feed,
+            lines=False,
+            on_end=self._on_stream_done,
+            on_gap=self.gaps.append,
         )
         self._session = self._open_session()
 
