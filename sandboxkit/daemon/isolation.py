@@ -290,9 +290,11 @@ def _account(user: str | None) -> str:
     )
 
 
+@functools.cache
 def drop_prefix() -> tuple[str, ...]:
     """For a root daemon, the argv that drops to :data:`SANDBOX_HOST_UID` before bwrap
-    (``setpriv``, util-linux); nothing for any other daemon."""
+    (``setpriv``, util-linux); nothing for any other daemon. Looked up once (a walk of
+    ``PATH`` on every create otherwise)."""
     if os.geteuid() != 0:
         return ()
     setpriv = shutil.which("setpriv")

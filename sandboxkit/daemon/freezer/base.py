@@ -61,11 +61,14 @@ class Freezer(abc.ABC):
         """Environment for the process of ``launch``: its owner mark."""
         return {MARK_VAR: str(daemon_mark(self.sandbox_id, launch))}
 
-    def add(self, pid: int, launch: str | None = None) -> None:
-        """Register a newly started leader (of ``launch``, when it has one)."""
+    def add(self, pid: int, launch: str | None = None, *, joined: bool = False) -> None:
+        """Register a newly started leader (of ``launch``, when it has one). ``joined``:
+        it was started through a wrapper that joins :meth:`cgroup_joins` before anything
+        else runs (or exits), so it is a member already and nothing is moved."""
         if self._closed:
             raise RuntimeError("freezer is closed")
-        self._adopt(pid)
+        if not joined:
+            self._adopt(pid)
         if launch is not None and (ident := ident_of(pid)) is not None:
             self._launches[launch] = ident
 
