@@ -184,7 +184,7 @@ def test_architecture_layout_names_every_module_and_only_real_ones() -> None:
         for m in package.glob("*.py")
         if m.name not in {"__init__.py", "__main__.py", "_version.py"}
     ]
-    for sub in ("daemon", "client", "providers", "notebook", "lab"):
+    for sub in ("daemon", "client", "providers", "notebook", "lab", "cli"):
         for module in [*(package / sub).glob("*.py"), *(package / sub).glob("*.js")]:
             if module.name != "__init__.py":
                 modules.append(module)

@@ -10,7 +10,8 @@ The logic is plain Python a test drives without a browser: every button calls a 
 handler (:meth:`SandboxDashboard.on_create`, :meth:`~SandboxDashboard.on_pause`,
 :meth:`~SandboxDashboard.on_resume`, :meth:`~SandboxDashboard.on_kill`,
 :meth:`~SandboxDashboard.on_start`, :meth:`~SandboxDashboard.refresh`), each one client
-call followed by a refresh of :class:`DashboardState`; the widgets only render that state.
+call followed by a refresh of :class:`DashboardState` (``dashboard_state.py``); the
+widgets only render that state, with the plain functions of ``dashboard_render.py``.
 
 Threading (see :mod:`sandboxkit.notebook._runtime`): client calls run on the client's
 background loop thread and only update :class:`DashboardState` under a lock; widget values
@@ -24,11 +25,8 @@ and nothing runs by itself.
 from __future__ import annotations
 
 import contextlib
-import html
-import shlex
 import threading
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import ipywidgets as widgets  # type: ignore[import-untyped, unused-ignore]
@@ -43,117 +41,27 @@ from sandboxkit.client.sync import Sandbox
 from sandboxkit.errors import InvalidArgument, SandboxkitError, SandboxNotFound
 from sandboxkit.notebook._runtime import Runtime
 from sandboxkit.notebook._widget import close_tree
+from sandboxkit.notebook.dashboard_render import (
+    PROCESS_COLUMNS,
+    SANDBOX_COLUMNS,
+    processes_frame,
+    processes_html,
+    sandboxes_frame,
+    sandboxes_html,
+    status_html,
+    title_html,
+)
+from sandboxkit.notebook.dashboard_state import SHOW_ALL, SHOW_KILLED, DashboardState, said
 from sandboxkit.providers.base import load
 
 __all__ = ["PROCESS_COLUMNS", "SANDBOX_COLUMNS", "DashboardState", "SandboxDashboard"]
 
 T = TypeVar("T")
 
-PROCESS_COLUMNS = ["pid", "command", "state", "consumers", "exit_code"]
-"""Columns of :meth:`SandboxDashboard.processes_frame` (the process table)."""
-
-SANDBOX_COLUMNS = ["sandbox_id", "state", "processes", "isolation", "fanout", "selected"]
-"""Columns of :meth:`SandboxDashboard.sandboxes_frame` (the sandbox table)."""
-
-SHOW_ALL = "all sandboxes"
-"""The label of the toggle that shows every sandbox, not only this notebook's."""
-
-SHOW_KILLED = "killed too"
-"""The label of the toggle that shows killed sandboxes as well."""
-
-
-@dataclass
-class DashboardState:
-    """Everything the dashboard shows, as plain data.
-
-    ``version`` grows on every change, so a flush renders only when something changed.
-    """
-
-    selected: str | None = None
-    """The sandbox the buttons act on (always one of :meth:`shown`, or ``None``)."""
-    sandboxes: list[SandboxInfo] = field(default_factory=list)
-    """Every sandbox the daemon knows (killed ones too, until the daemon forgets them)."""
-    mine: frozenset[str] = frozenset()
-    """This notebook's sandboxes: created or connected to in this kernel."""
-    show_all: bool = False
-    """Show every sandbox, not only this notebook's."""
-    show_killed: bool = False
-    """Show killed sandboxes too."""
-    processes: list[ProcessInfo] = field(default_factory=list)
-    """The processes of the selected sandbox."""
-    message: str = ""
-    """The outcome of the last action."""
-    error: str | None = None
-    """The error of the last action or refresh, if it failed."""
-    version: int = 0
-
-    @property
-    def selected_info(self) -> SandboxInfo | None:
-        """The selected sandbox as last read from the daemon."""
-        return next((s for s in self.sandboxes if s.sandbox_id == self.selected), None)
-
-    def visible(self, info: SandboxInfo) -> bool:
-        """Whether the toggles show ``info`` (the selected one is always shown: the
-        title says what became of it, killed included)."""
-        if info.sandbox_id == self.selected:
-            return True
-        if info.state == "killed" and not self.show_killed:
-            return False
-        return self.show_all or info.sandbox_id in self.mine
-
-    def shown(self) -> list[SandboxInfo]:
-        """The sandboxes the table and the selector show, in the daemon's order."""
-        return [s for s in self.sandboxes if self.visible(s)]
-
-    def next_choice(self, leaving: str) -> str | None:
-        """The sandbox to select once ``leaving`` is gone: a live one shown, or none —
-        never one the dashboard does not show."""
-        return next(
-            (s.sandbox_id for s in self.shown() if s.sandbox_id != leaving and s.state != "killed"),
-            None,
-        )
-
-
 _Tables = tuple[list[SandboxInfo], list[ProcessInfo]]
 
 
-_COMMAND_WIDTH = 90
 _FLUSH_HZ = 10.0
-
-TABLE_STYLE = (
-    "<style>"
-    ".sandboxkit-table{border-collapse:collapse;font-size:12px;margin:4px 0}"
-    ".sandboxkit-table th{background:#f2f2f2;text-align:left;padding:3px 10px;"
-    "border-bottom:1px solid #ccc;font-weight:600}"
-    ".sandboxkit-table td{padding:3px 10px;border-bottom:1px solid #eee;"
-    "font-family:ui-monospace,monospace;white-space:pre}"
-    ".sandboxkit-table tr:hover td{background:#fafafa}"
-    "</style>"
-)
-"""Scoped styles of the dashboard's tables (class ``sandboxkit-table``)."""
-
-
-def _command(info: ProcessInfo) -> str:
-    """The command as a person reads it: one line (a multi-line ``-c`` script shows its
-    lines joined with ``⏎``, never ``\\n`` escapes), cut to a readable width."""
-    text = info.cmd if info.cmd is not None else shlex.join(info.argv or [])
-    text = " ⏎ ".join(line.strip() for line in text.splitlines() if line.strip())
-    return text if len(text) <= _COMMAND_WIDTH else text[: _COMMAND_WIDTH - 1] + "…"
-
-
-def _said(events: list[dict[str, Any]], selected: str | None) -> str | None:
-    """The newest lifecycle change of the ``selected`` sandbox among ``events``, in
-    words (``sandbox sbx-… paused (timeout)``), or ``None``."""
-    for event in reversed(events):
-        kind = str(event.get("kind", ""))
-        if event.get("sandbox_id") != selected or not kind.startswith("sandbox."):
-            continue
-        if kind == "sandbox.created":
-            continue
-        reason = event.get("reason")
-        why = f" ({reason})" if reason not in (None, "user") else ""
-        return f"sandbox {selected} {kind.removeprefix('sandbox.')}{why}"
-    return None
 
 
 def _loop_of(sbx: Sandbox) -> LoopThread:
@@ -444,14 +352,7 @@ class SandboxDashboard:
 
     def _toggle(self, **changes: bool) -> None:
         with self._lock:
-            for key, value in changes.items():
-                setattr(self.state, key, value)
-            selected = self.state.selected
-            info = self.state.selected_info
-            self.state.selected = None  # is it still shown without being selected?
-            if selected is not None and (info is None or self.state.visible(info)):
-                self.state.selected = selected
-            self.state.version += 1
+            self.state.toggle(**changes)
         self.flush()
 
     def _mine(self) -> frozenset[str]:
@@ -544,9 +445,9 @@ class SandboxDashboard:
         async def on_events(events: list[dict[str, Any]]) -> None:
             if self._closed or not any(is_lifecycle(e) for e in events):
                 return
-            said = _said(events, self.state.selected)
-            if said is not None:  # the last word is the daemon's, not this dashboard's action
-                self._set(message=said)
+            said_now = said(events, self.state.selected)
+            if said_now is not None:  # the last word: the daemon's, not this dashboard's
+                self._set(message=said_now)
             with contextlib.suppress(SandboxkitError):
                 self._apply(*await self._fetch())
             kernel = self._runtime.kernel_loop
@@ -577,19 +478,7 @@ class SandboxDashboard:
         """The process table of the selected sandbox (columns :data:`PROCESS_COLUMNS`)."""
         with self._lock:
             processes = list(self.state.processes)
-        rows = [
-            {
-                "pid": p.pid,
-                "command": _command(p),
-                "state": p.state,
-                "consumers": p.consumers,
-                "exit_code": p.exit_code,
-            }
-            for p in processes
-        ]
-        frame: pd.DataFrame = pd.DataFrame(rows, columns=PROCESS_COLUMNS)
-        frame["exit_code"] = frame["exit_code"].astype("Int64")
-        return frame
+        return processes_frame(processes)
 
     def sandboxes_frame(self) -> pd.DataFrame:
         """The sandboxes shown (columns :data:`SANDBOX_COLUMNS`): this notebook's, or
@@ -598,19 +487,7 @@ class SandboxDashboard:
         with self._lock:
             sandboxes = self.state.shown()
             selected = self.state.selected
-        rows = [
-            {
-                "sandbox_id": s.sandbox_id,
-                "state": s.state,
-                "processes": s.processes,
-                "isolation": s.isolation,
-                "fanout": s.fanout,
-                "selected": s.sandbox_id == selected,
-            }
-            for s in sandboxes
-        ]
-        frame: pd.DataFrame = pd.DataFrame(rows, columns=SANDBOX_COLUMNS)
-        return frame
+        return sandboxes_frame(sandboxes, selected)
 
     # -- rendering ---------------------------------------------------------------------
 
@@ -644,49 +521,15 @@ class SandboxDashboard:
         finally:
             self._rendering = False
 
-        sandbox_state = info.state if info is not None else ("—" if selected is None else "?")
-        self.title.value = "<b>sandboxkit</b> — " + (
-            f"sandbox <code>{html.escape(selected)}</code> is <b>{sandbox_state}</b>"
-            if selected is not None
-            else "no sandbox selected"
-        )
-        if self._provider is not None:  # what it cannot measure, said where people look
-            self.title.value += (
-                f" · on {html.escape(self._provider.upper())}: consumers are client-side "
-                "only (this kernel's readers)"
-            )
-        if info is not None and info.isolation == "none" and info.isolation_reason:
-            # Never pretend: a sandbox that asked for isolation and did not get it says so.
-            self.title.value += (
-                " · <span style='color:#d62728'>not isolated: "
-                f"{html.escape(info.isolation_reason)}</span>"
-            )
+        self.title.value = title_html(selected, info, self._provider)
         running = info is not None and info.state == "running"
         self.pause_button.disabled = not running
         self.resume_button.disabled = not (info is not None and info.state == "paused")
         self.kill_button.disabled = info is None or info.state == "killed"
         self.start_button.disabled = not running
-
-        self.sandbox_table.value = (
-            TABLE_STYLE
-            + sandboxes.to_html(index=False, escape=True, border=0, classes="sandboxkit-table")
-            if len(sandboxes)
-            else "<i>no sandboxes of this notebook (tick “all sandboxes” to see the others)</i>"
-            if not show_all
-            else "<i>no sandboxes</i>"
-        )
-        self.table.value = (
-            TABLE_STYLE
-            + processes.to_html(
-                index=False, escape=True, border=0, na_rep="", classes="sandboxkit-table"
-            )
-            if len(processes)
-            else "<i>no processes</i>"
-        )
-        if error:
-            self.status.value = f"<span style='color:#d62728'>{html.escape(error)}</span>"
-        else:
-            self.status.value = html.escape(message)
+        self.sandbox_table.value = sandboxes_html(sandboxes, show_all)
+        self.table.value = processes_html(processes)
+        self.status.value = status_html(message, error)
         return True
 
     # -- teardown ----------------------------------------------------------------------
