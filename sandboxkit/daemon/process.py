@@ -1,4 +1,5 @@
-"""A process running in a sandbox: spawn, output capture into its log, stdin, kill."""
+"""A process running in a sandbox: spawn, output capture into its log, stdin, kill (its
+pipes and pty, as the event loop sees them, are :mod:`sandboxkit.daemon.process_io`)."""
 
 from __future__ import annotations
 

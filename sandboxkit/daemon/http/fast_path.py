@@ -11,8 +11,9 @@ what happens on a version without it:
   :data:`CYCLE_ATTRIBUTES` (``transport``, ``flow``, ``disconnected``) and whose ``flow``
   (uvicorn's ``FlowControl``) has :data:`FLOW_ATTRIBUTES` (``write_paused``, ``drain``).
   A cycle of uvicorn's without one of them is not used: the stream takes the plain ASGI
-  path (the same bytes, slower), and a warning names what is missing and the installed
-  uvicorn's version, once per class.
+  path — the same bytes, but slower, each send copied whole into the transport, and a
+  peer that stops reading shown as blocked only once the server's buffers are full — and
+  a warning names what is missing and the installed uvicorn's version, once per class.
 - asyncio's socket transport is ``asyncio.selector_events._SelectorSocketTransport``: the
   socket is then written here, gathered, while the transport holds nothing (see
   :meth:`AsgiSink.send_parts`). Without that class every transport is treated as uvloop's
