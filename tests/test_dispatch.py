@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from sandboxkit.daemon.app import DaemonApp
+from sandboxkit.daemon.http import DaemonApp
 from sandboxkit.daemon.server import DaemonServer
 
 

@@ -25,8 +25,8 @@ from sandboxkit import AsyncSandbox
 from sandboxkit._version import __version__
 from sandboxkit.client.api import ApiClient
 from sandboxkit.client.local import TOKEN_ENV, URL_ENV
-from sandboxkit.daemon.app import create_app
 from sandboxkit.daemon.host import Host
+from sandboxkit.daemon.http import create_app
 from sandboxkit.daemon.server import DaemonServer
 from sandboxkit.errors import (
     DAEMON_ERROR_TABLE,

@@ -134,7 +134,7 @@ def test_importing_the_package_loads_no_client() -> None:
     # The daemon shares the package: importing it (and the lab's and the widgets' packages)
     # must not import httpx or pandas; a client name then loads on first use.
     code = (
-        "import sys, sandboxkit, sandboxkit.lab, sandboxkit.notebook, sandboxkit.daemon.app\n"
+        "import sys, sandboxkit, sandboxkit.lab, sandboxkit.notebook, sandboxkit.daemon.http\n"
         "print(sorted(m for m in ('httpx', 'pandas', 'ipywidgets') if m in sys.modules))\n"
         "from sandboxkit import Sandbox, CommandResult\n"
         "import sandboxkit.client.results as r\n"

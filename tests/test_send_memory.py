@@ -19,9 +19,9 @@ import pytest
 from uvicorn.protocols.http.flow_control import FlowControl
 
 from sandboxkit.daemon import heap
-from sandboxkit.daemon.app import _AsgiSink
 from sandboxkit.daemon.consumers import MIN_SHARE
 from sandboxkit.daemon.host import Host
+from sandboxkit.daemon.http.fast_path import AsgiSink
 from sandboxkit.daemon.process import ProcessSpec
 from sandboxkit.daemon.server import DaemonServer
 from sandboxkit.daemon.tcp_peer import PENDING_BYTES
@@ -64,7 +64,7 @@ async def test_a_slow_peer_never_has_more_than_the_bound_buffered_in_the_daemon(
     holds more than ``PENDING_BYTES`` for it (the rest waits, unjoined, in the consumer's
     send), and the peer gets every byte in order."""
     cycle, peer = await _connection()
-    sink = _AsgiSink(None, cycle)  # type: ignore[arg-type]
+    sink = AsgiSink(None, cycle)  # type: ignore[arg-type]
     parts: list[bytes | memoryview] = [bytes([65 + i % 26]) * 65536 for i in range(64)]
     size = sum(map(len, parts))
     sending = asyncio.ensure_future(sink.send_parts(parts, size))

@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support import ChunkedDecoder
 
-from sandboxkit.daemon.app import _split
 from sandboxkit.daemon.host import Host
+from sandboxkit.daemon.http.fast_path import split
 from sandboxkit.daemon.process import ProcessSpec
 from sandboxkit.daemon.server import DaemonServer, event_loop_factory
 from sandboxkit.daemon.tcp_peer import MAX_SEND_BUFFER, SEND_BUFFER, size_send_buffer
@@ -236,6 +236,6 @@ def test_what_the_kernel_did_not_take_is_the_exact_rest(parts: list[bytes], cut:
     whole = b"".join(parts)
     sent = min(cut, len(whole))
     views: list[bytes | memoryview] = [memoryview(p) if i % 2 else p for i, p in enumerate(parts)]
-    taken, rest = _split(views, sent)
+    taken, rest = split(views, sent)
     assert b"".join(taken) == whole[:sent]
     assert b"".join(rest) == whole[sent:]

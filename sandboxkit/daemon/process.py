@@ -1,4 +1,5 @@
-"""A process running in a sandbox: spawn, output capture into its log, stdin, kill."""
+"""A process running in a sandbox: spawn, output capture into its log, stdin, kill (its
+pipes and pty, as the event loop sees them, are :mod:`sandboxkit.daemon.process_io`)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from sandboxkit.daemon.freezer import Freezer
 from sandboxkit.daemon.isolation import NamespacePlan
 from sandboxkit.daemon.limits import LimitEnforcer
 from sandboxkit.daemon.output_log import OutputLog
+from sandboxkit.daemon.process_io import Capture, PtyInput, PtyReader, widen_pipes
 from sandboxkit.daemon.run_as import resolve_user
 from sandboxkit.daemon.stdin import StdinLedger
 from sandboxkit.errors import InvalidArgument, StdinBusy
@@ -70,135 +72,6 @@ class ProcessSpec:
         if data["user"] is None:
             del data["user"]  # only envd requests name a user
         return data
-
-
-class _Capture(asyncio.SubprocessProtocol):
-    """Appends pipe output to the log as it arrives: the producer never waits."""
-
-    def __init__(self, process: ManagedProcess) -> None:
-        self._process = process
-        self.exited = asyncio.get_running_loop().create_future()
-        self.pipes_closed = asyncio.get_running_loop().create_future()
-
-    def pipe_data_received(self, fd: int, data: bytes) -> None:
-        self._process.capture("stdout" if fd == 1 else "stderr", data)
-
-    # The stdin pipe's flow control (asyncio routes it to the subprocess protocol).
-    def pause_writing(self) -> None:
-        self._process.stdin_drained.clear()
-
-    def resume_writing(self) -> None:
-        self._process.stdin_drained.set()
-
-    def process_exited(self) -> None:
-        if not self.exited.done():
-            self.exited.set_result(None)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.pipes_closed.done():
-            self.pipes_closed.set_result(None)
-
-
-class _PtyInput(asyncio.WriteTransport):
-    """A pty process's stdin: written to the pty master with ``os.write``, the rest buffered
-    and flushed when the master is writable (``loop.add_writer``), bounded like a pipe's
-    (``stdin_drained`` is clear while anything waits here).
-
-    Not ``loop.connect_write_pipe`` on a dup of the master: uvloop's write-pipe transport
-    reads its fd to notice the peer closing, and on a pty master that read takes the
-    child's output away from the output reader (tests/test_lifecycle.py under
-    ``SANDBOXKIT_EVENT_LOOP=uvloop``)."""
-
-    def __init__(self, process: ManagedProcess, master: int) -> None:
-        super().__init__()
-        self._process = process
-        self._fd = master
-        self._loop = asyncio.get_running_loop()
-        self._buffer = bytearray()
-        self._closing = False
-        os.set_blocking(master, False)
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        if self._closing or not data:
-            return
-        if not self._buffer:
-            written = self._os_write(data)
-            if written is None or written == len(data):
-                return
-            data = memoryview(data)[written:]
-            self._loop.add_writer(self._fd, self._flush)
-            self._process.stdin_drained.clear()
-        self._buffer += data
-
-    def _os_write(self, data: bytes | bytearray | memoryview) -> int | None:
-        """Bytes the master took; ``None``: it is gone (the child side closed, EIO)."""
-        try:
-            return os.write(self._fd, data)
-        except BlockingIOError:
-            return 0
-        except OSError:
-            self.abort()
-            return None
-
-    def _flush(self) -> None:
-        written = self._os_write(self._buffer)
-        if written is None:
-            return
-        del self._buffer[:written]
-        if not self._buffer:
-            self._loop.remove_writer(self._fd)
-            self._process.stdin_drained.set()
-
-    def get_write_buffer_size(self) -> int:
-        return len(self._buffer)
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        pass  # always high=0: drained means nothing waits here
-
-    def is_closing(self) -> bool:
-        return self._closing
-
-    def close(self) -> None:
-        self.abort()
-
-    def abort(self) -> None:
-        if self._closing:
-            return
-        self._closing = True
-        self._buffer.clear()
-        self._loop.remove_writer(self._fd)
-        self._process.stdin_drained.set()
-
-
-class _PtyReader(asyncio.Protocol):
-    def __init__(self, process: ManagedProcess) -> None:
-        self._process = process
-        self.closed = asyncio.get_running_loop().create_future()
-
-    def data_received(self, data: bytes) -> None:
-        self._process.capture("pty", data)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.closed.done():
-            self.closed.set_result(None)
-
-
-_PIPE_SIZE = 1024 * 1024
-
-
-def _widen_pipes(transport: asyncio.SubprocessTransport) -> None:
-    """Ask for 1 MiB pipe buffers: a chatty process then blocks, and the daemon wakes,
-    a sixteenth as often as with the default 64 KiB (best effort: capped by the system)."""
-    set_size = getattr(fcntl, "F_SETPIPE_SZ", None)
-    if set_size is None:
-        return
-    for fd in (1, 2):
-        pipe = transport.get_pipe_transport(fd)
-        handle = pipe.get_extra_info("pipe") if pipe is not None else None
-        if handle is not None:
-            # The pipe may already be closed by a process that exited at once.
-            with contextlib.suppress(OSError, ValueError):
-                fcntl.fcntl(handle.fileno(), set_size, _PIPE_SIZE)
 
 
 _COALESCE_UNREAD = 4096
@@ -343,8 +216,8 @@ class ManagedProcess:
         check_exec_size(argv, env, argv_field="argv" if self.spec.argv is not None else "cmd")
         budget = FdBudget.current(self.config.fd_reserve)
         budget.check_spawn()  # out of descriptors: a typed 503, not a "bad command"
-        capture = _Capture(self)
-        pty_reader: _PtyReader | None = None
+        capture = Capture(self)
+        pty_reader: PtyReader | None = None
         try:
             if self.spec.pty:
                 master, slave = pty.openpty()
@@ -365,13 +238,13 @@ class ManagedProcess:
                 finally:
                     os.close(slave)
                 self._pty_master = master
-                pty_reader = _PtyReader(self)
+                pty_reader = PtyReader(self)
                 await loop.connect_read_pipe(
                     lambda: pty_reader,
                     os.fdopen(os.dup(master), "rb", buffering=0),
                 )
                 # Input buffered without blocking the loop, bounded like a pipe's.
-                self._stdin_pipe = _PtyInput(self, master)
+                self._stdin_pipe = PtyInput(self, master)
             else:
                 transport, _ = await loop.subprocess_exec(
                     lambda: capture,
@@ -388,7 +261,7 @@ class ManagedProcess:
             field = "cwd" if isinstance(exc, NotADirectoryError) else "cmd"
             raise InvalidArgument(f"cannot execute: {exc}", field=field) from None
         self._transport = transport
-        _widen_pipes(transport)
+        widen_pipes(transport)
         if self._stdin_pipe is None:
             self._stdin_pipe = transport.get_pipe_transport(0)  # type: ignore[assignment]
         if self._stdin_pipe is not None and not self._stdin_pipe.is_closing():
@@ -433,7 +306,7 @@ class ManagedProcess:
         for start in range(0, len(data), step):
             self.log.append(stream, data[start : start + step])
 
-    async def _watch_exit(self, capture: _Capture, pty_reader: _PtyReader | None) -> None:
+    async def _watch_exit(self, capture: Capture, pty_reader: PtyReader | None) -> None:
         await capture.exited
         # A grandchild may keep the pipes open after the leader exits: drain, with a bound.
         closers: list[asyncio.Future[None]] = [capture.pipes_closed]

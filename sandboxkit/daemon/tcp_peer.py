@@ -36,7 +36,7 @@ MAX_SEND_BUFFER = 1024 * 1024
 
 PENDING_BYTES = 16 * 1024
 """Most bytes of a consumer's send that asyncio's transport holds for it beyond what the
-kernel took (``app.py``, ``_AsgiSink.send_parts``).
+kernel took (``http/fast_path.py``, ``AsgiSink.send_parts``).
 
 asyncio's transport copies what it is given: handed each consumer's 1 MiB sends whole, it
 held a private copy of what the kernel did not take, 743 KiB a consumer at 400 consumers
