@@ -15,9 +15,10 @@ from typing import Any, Literal
 import httpx
 
 from sandboxkit._compat import within
-from sandboxkit.client.api import ApiClient, FrameStream
+from sandboxkit.client.api import ApiClient
 from sandboxkit.client.frames import KeepaliveMeta, StartMeta, parse_meta
 from sandboxkit.client.output import DEFAULT_KEEP_OUTPUT, Cursor, KeepOutput, StreamOutput
+from sandboxkit.client.transport import FrameStream
 from sandboxkit.errors import (
     ConsumerKicked,
     DaemonUnavailable,
