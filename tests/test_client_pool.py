@@ -10,7 +10,9 @@ import socket
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
+from support import poll
 
 from sandboxkit import AsyncSandbox, Sandbox, __version__
 from sandboxkit.client import local
@@ -18,7 +20,7 @@ from sandboxkit.client.api import ApiClient, http_options
 from sandboxkit.client.stream import ProcessStream
 from sandboxkit.client.transport import RawTransport
 from sandboxkit.daemon.server import DaemonServer
-from sandboxkit.errors import DaemonUnavailable, SandboxNotFound
+from sandboxkit.errors import CommandExitError, DaemonUnavailable, SandboxNotFound
 from sandboxkit.statefile import STATE_FILE_ENV, DaemonState, write_state
 from sandboxkit.wire import FrameKind, encode_frame
 
@@ -136,3 +138,22 @@ def test_disconnect_as_the_stream_opens_never_hangs(conn: dict[str, str]) -> Non
             handle = sbx.commands.run(WRITER, background=True)
             handle.disconnect()
             handle.kill()
+
+
+@pytest.mark.parametrize("via", ["raw sockets", "httpx"])
+async def test_either_transport_runs_and_follows_a_command(conn: dict[str, str], via: str) -> None:
+    # ApiClient holds one transport and does not ask which: the same calls, the same
+    # stream, the same bookkeeping of open streams, over either.
+    transport = httpx.AsyncHTTPTransport() if via == "httpx" else None
+    async with await AsyncSandbox.create(**conn, transport=transport) as sbx:
+        api = sbx._api
+        assert isinstance(api.transport, RawTransport) is (via == "raw sockets")
+        lines: list[str] = []
+        result = await sbx.commands.run(["printf", "a\\nb\\n"], on_stdout=lines.append)
+        assert (result.stdout, lines) == ("a\nb\n", ["a", "b"])
+        handle = await sbx.commands.run(["cat"], background=True)
+        await poll(lambda: len(api.streams) == 1, timeout=10)
+        await handle.kill()
+        with pytest.raises(CommandExitError):
+            await handle.wait(timeout=10)
+        assert not api.streams  # closed with the stream's end
