@@ -1,5 +1,5 @@
 """The client's share of a unary request, A/B on one daemon: the SDK's JSON calls over its
-own kept-alive sockets (``client/raw_unary.py``) against the same calls through httpx
+own kept-alive sockets (``client/transport/raw_unary.py``) against the same calls through httpx
 (the path before it, and still the path for TLS daemons and custom transports),
 interleaved call by call so both see the same machine; p50s and their ratio. Also the
 sync facade's hop onto its loop thread, against calling on the loop directly.
@@ -31,7 +31,8 @@ from _daemon import local_daemon
 
 from sandboxkit import AsyncSandbox, Sandbox
 from sandboxkit.client.api import ApiClient
-from sandboxkit.client.raw_unary import RawPool
+from sandboxkit.client.transport import RawTransport
+from sandboxkit.client.transport.raw_unary import RawPool
 
 Call = Callable[[], Awaitable[Any]]
 
@@ -78,7 +79,8 @@ async def unary(url: str, token: str, n: int) -> dict[str, tuple[float, float]]:
     raw = ApiClient(url, token)
     # A transport of its own: the httpx path, as for a TLS daemon.
     via_httpx = ApiClient(url, token, transport=httpx.AsyncHTTPTransport())
-    assert raw._raw and not via_httpx._raw
+    assert isinstance(raw.transport, RawTransport)
+    assert not isinstance(via_httpx.transport, RawTransport)
     async with await AsyncSandbox.create(url=url, token=token) as sbx:
         for _ in range(4):
             await sbx.commands.start(["sleep", "600"])

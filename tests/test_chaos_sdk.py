@@ -105,7 +105,7 @@ class Figures:
 def _cut(handle: AsyncCommandHandle) -> int:
     """Abort the handle's open stream connection under it, as a network failure would."""
     cut = 0
-    for stream in list(handle.stream.api._raw_streams):
+    for stream in list(handle.stream.api.streams):
         stream.abort()
         cut += 1
     return cut

@@ -10,14 +10,17 @@ import socket
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
+from support import poll
 
 from sandboxkit import AsyncSandbox, Sandbox, __version__
 from sandboxkit.client import local
 from sandboxkit.client.api import ApiClient, http_options
 from sandboxkit.client.stream import ProcessStream
+from sandboxkit.client.transport import RawTransport
 from sandboxkit.daemon.server import DaemonServer
-from sandboxkit.errors import DaemonUnavailable, SandboxNotFound
+from sandboxkit.errors import CommandExitError, DaemonUnavailable, SandboxNotFound
 from sandboxkit.statefile import STATE_FILE_ENV, DaemonState, write_state
 from sandboxkit.wire import FrameKind, encode_frame
 
@@ -25,9 +28,10 @@ from sandboxkit.wire import FrameKind, encode_frame
 async def test_sandboxes_share_one_pool_closed_with_the_last(conn: dict[str, str]) -> None:
     first = await AsyncSandbox.create(**conn)
     second = await AsyncSandbox.create(**conn)
-    pool = first._api._pool
-    assert pool is not None  # a loopback daemon: raw sockets, no httpx client
-    assert second._api._pool is pool
+    transport = first._api.transport
+    assert isinstance(transport, RawTransport)  # a loopback daemon: raw sockets, no httpx
+    pool = transport.pool
+    assert second._api.transport is transport
     await first.kill()
     assert not pool.closed  # the other sandbox still uses it
     assert (await second.commands.run(["echo", "hi"])).stdout == "hi\n"
@@ -36,7 +40,7 @@ async def test_sandboxes_share_one_pool_closed_with_the_last(conn: dict[str, str
     assert pool.closed
     assert pool.connections == 0  # every socket closed with it
     third = await AsyncSandbox.create(**conn)  # a new pool after the last one closed
-    assert third._api._pool is not pool
+    assert third._api.transport is not transport
     await third.kill()
 
 
@@ -75,10 +79,10 @@ async def test_the_local_daemon_is_found_once(
 
 
 async def test_streams_read_off_the_socket_raise_typed_errors(conn: dict[str, str]) -> None:
-    # Loopback streams are read below httpx (client/raw_stream.py): the same typed errors.
+    # Loopback streams are read below httpx (client/transport/raw_stream.py): the same typed errors.
     api = ApiClient(conn["url"], conn["token"])
     try:
-        assert api._raw
+        assert isinstance(api.transport, RawTransport)
         with pytest.raises(SandboxNotFound):
             async with api.stream("/sandboxes/sbx-nope/processes/1/stream"):
                 pass
@@ -134,3 +138,22 @@ def test_disconnect_as_the_stream_opens_never_hangs(conn: dict[str, str]) -> Non
             handle = sbx.commands.run(WRITER, background=True)
             handle.disconnect()
             handle.kill()
+
+
+@pytest.mark.parametrize("via", ["raw sockets", "httpx"])
+async def test_either_transport_runs_and_follows_a_command(conn: dict[str, str], via: str) -> None:
+    # ApiClient holds one transport and does not ask which: the same calls, the same
+    # stream, the same bookkeeping of open streams, over either.
+    transport = httpx.AsyncHTTPTransport() if via == "httpx" else None
+    async with await AsyncSandbox.create(**conn, transport=transport) as sbx:
+        api = sbx._api
+        assert isinstance(api.transport, RawTransport) is (via == "raw sockets")
+        lines: list[str] = []
+        result = await sbx.commands.run(["printf", "a\\nb\\n"], on_stdout=lines.append)
+        assert (result.stdout, lines) == ("a\nb\n", ["a", "b"])
+        handle = await sbx.commands.run(["cat"], background=True)
+        await poll(lambda: len(api.streams) == 1, timeout=10)
+        await handle.kill()
+        with pytest.raises(CommandExitError):
+            await handle.wait(timeout=10)
+        assert not api.streams  # closed with the stream's end

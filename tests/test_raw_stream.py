@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sandboxkit.client.api import FrameStream
-from sandboxkit.client.raw_stream import BadChunk, ChunkedBody, open_raw_stream
+from sandboxkit.client.transport.raw import RawFrameStream
+from sandboxkit.client.transport.raw_stream import BadChunk, ChunkedBody, open_raw_stream
 from sandboxkit.errors import DaemonUnavailable, MalformedFrame, SandboxkitError
 from sandboxkit.wire import Frame, FrameKind, encode_frame
 
@@ -130,7 +130,7 @@ async def _read(url: str) -> list[Frame]:
     """The frames of the stream, as the client reads them (``ApiClient.stream``)."""
     frames: list[Frame] = []
     async with open_raw_stream(url, "/stream", {}, {}) as stream:
-        batches = FrameStream(stream.chunks(), stream.batches() if stream.framed else None)
+        batches = RawFrameStream(stream)
         async for batch in batches.batches():
             frames += batch
     return frames

@@ -1,5 +1,5 @@
 """JSON calls to a loopback daemon over the client's own kept-alive sockets
-(client/raw_unary.py), against scripted loopback servers: connections reused, a request
+(client/transport/raw_unary.py), against scripted loopback servers: connections reused, a request
 the daemon dropped on a kept-alive connection retried once when that is safe, broken or
 silent servers ending in typed errors (never a hang), every socket closed."""
 
@@ -20,7 +20,8 @@ from support import poll
 
 from sandboxkit import AsyncSandbox
 from sandboxkit.client.api import ApiClient
-from sandboxkit.client.raw_unary import BadResponse, parse_head
+from sandboxkit.client.transport import RawTransport
+from sandboxkit.client.transport.raw_unary import BadResponse, parse_head
 from sandboxkit.errors import DaemonUnavailable, MalformedFrame, SandboxkitError, SandboxNotFound
 
 pytestmark = pytest.mark.timeout(20)
@@ -118,7 +119,7 @@ async def test_calls_reuse_one_connection_and_close_it(
 ) -> None:
     server = await serve(always_ok)
     api = ApiClient(server.url, "tok")
-    assert api._raw
+    assert isinstance(api.transport, RawTransport)
     for _ in range(5):
         assert await api.call("POST", "/sandboxes/s/pause", json={"a": [1, "é"]}) == {"ok": True}
     assert server.accepts == 1
@@ -130,7 +131,7 @@ async def test_calls_reuse_one_connection_and_close_it(
         warnings.simplefilter("error", ResourceWarning)
         await api.aclose()
         gc.collect()
-    assert api._pool is not None and api._pool.connections == 0
+    assert isinstance(api.transport, RawTransport) and api.transport.pool.connections == 0
     await poll(lambda: server.open == 0, 5.0, "the server to see the connection close")
 
 
@@ -334,7 +335,7 @@ async def test_a_daemon_that_never_answers_times_out(
             await api.call("GET", "/x")
     finally:
         await api.aclose()
-    assert api._pool is not None and api._pool.connections == 0
+    assert isinstance(api.transport, RawTransport) and api.transport.pool.connections == 0
 
 
 async def test_chunked_and_error_answers(serve: Callable[[Script], Awaitable[Server]]) -> None:
@@ -414,7 +415,9 @@ def test_the_head_parser_reads_framing_and_keep_alive() -> None:
 
 async def test_a_real_daemon_serves_a_sandbox_over_one_connection(conn: dict[str, Any]) -> None:
     async with await AsyncSandbox.create(**conn) as sbx:
-        pool = sbx._api._pool
+        transport = sbx._api.transport
+        assert isinstance(transport, RawTransport)
+        pool = transport.pool
         assert pool is not None
         for _ in range(3):
             await sbx.pause()

@@ -90,6 +90,35 @@ def _mirror(annotation: Any) -> str:
     return text
 
 
+_UNPACK = re.compile(r"Unpack\[(\w+)\]")
+
+
+def _params(function: Any) -> list[tuple[str, Any, Any]]:
+    """(name, kind, default) of each parameter; ``**options: Unpack[SomeOptions]`` counts
+    as the keywords the TypedDict defines, each with its annotation (where options are
+    defined once, the two sides must unpack the same keywords)."""
+    out: list[tuple[str, Any, Any]] = []
+    for p in inspect.signature(function).parameters.values():
+        match = _UNPACK.fullmatch(str(p.annotation)) if p.kind is p.VAR_KEYWORD else None
+        if match is None:
+            out.append((p.name, p.kind, p.default))
+            continue
+        typed = function.__globals__[match[1]]
+        for key, annotation in typed.__annotations__.items():
+            out.append((key, inspect.Parameter.KEYWORD_ONLY, f"{match[1]}: {annotation}"))
+    return out
+
+
+def test_unpacked_options_are_compared_keyword_by_keyword() -> None:
+    # run/connect/start take their options as **options: Unpack[...]: the comparison
+    # sees each keyword, so a sync side that unpacked other options would differ.
+    keywords = {name for name, _, _ in _params(AsyncCommands.run)}
+    assert {"on_stdout", "envs", "lines", "keep_output", "on_end"} <= keywords
+    assert "tag" not in keywords and "tag" in {n for n, _, _ in _params(AsyncCommands.start)}
+    assert _params(sync.Commands.run) == _params(AsyncCommands.run)
+    assert _params(sync.Commands.run) != _params(AsyncCommands.connect)
+
+
 def _pair_id(pair: tuple[type, type]) -> str:
     return f"{pair[0].__name__}-{pair[1].__name__}"
 
@@ -122,10 +151,8 @@ def test_same_signatures(pair: tuple[type, type]) -> None:
             problems.append(f"{where}: a coroutine function on the sync side")
         a_sig, s_sig = inspect.signature(fa), inspect.signature(fs)
         extra = EXTRA_SYNC_PARAMS.get((sync_cls, name), set())
-        a_params = [(p.name, p.kind, p.default) for p in a_sig.parameters.values()]
-        s_params = [
-            (p.name, p.kind, p.default) for p in s_sig.parameters.values() if p.name not in extra
-        ]
+        a_params = _params(fa)
+        s_params = [p for p in _params(fs) if p[0] not in extra]
         if a_params != s_params:
             problems.append(f"{where}: parameters {s_sig} != async {a_sig}")
         a_ret, s_ret = _mirror(a_sig.return_annotation), str(s_sig.return_annotation)

@@ -23,8 +23,8 @@ from support import poll as _poll
 
 import sandboxkit
 from sandboxkit import AsyncSandbox
-from sandboxkit.client import raw_unary
 from sandboxkit.client.api import ApiClient
+from sandboxkit.client.transport import raw_unary
 from sandboxkit.daemon.config import DaemonConfig
 from sandboxkit.errors import DaemonUnavailable
 from sandboxkit.statefile import STATE_FILE_ENV, DaemonState, read_state

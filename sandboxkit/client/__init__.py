@@ -2,6 +2,7 @@
 
 from sandboxkit.client.api import ApiClient
 from sandboxkit.client.commands import AsyncCommandHandle, AsyncCommands
+from sandboxkit.client.options import ConnectOptions, FollowOptions, RunOptions, StartOptions
 from sandboxkit.client.output import Cursor
 from sandboxkit.client.results import (
     CommandResult,
@@ -25,16 +26,20 @@ __all__ = [
     "CommandHandle",
     "CommandResult",
     "Commands",
+    "ConnectOptions",
     "Cursor",
     "Failed",
+    "FollowOptions",
     "GapInfo",
     "HttpStdinTransport",
     "Ok",
     "Outcome",
     "ProcessInfo",
     "ProcessStream",
+    "RunOptions",
     "Sandbox",
     "SandboxInfo",
+    "StartOptions",
     "StdinSession",
     "StdinTransport",
     "StreamStats",

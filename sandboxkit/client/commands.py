@@ -6,14 +6,25 @@ import asyncio
 import inspect
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from sandboxkit.client.api import ApiClient
-from sandboxkit.client.output import DEFAULT_KEEP_OUTPUT, Cursor, KeepOutput
+from sandboxkit.client.options import (
+    CONNECT_KEYWORDS,
+    RUN_KEYWORDS,
+    START_KEYWORDS,
+    ConnectOptions,
+    FollowOptions,
+    RunOptions,
+    StartOptions,
+    check_keywords,
+    follow_options,
+    process_spec,
+)
+from sandboxkit.client.output import DEFAULT_KEEP_OUTPUT, Cursor
 from sandboxkit.client.results import CommandResult, Failed, Ok, ProcessInfo, attempt
 from sandboxkit.client.stdin import HttpStdinTransport, StdinSession
-from sandboxkit.client.stream import BytesCallback, OnGap, OutputCallback, ProcessStream
+from sandboxkit.client.stream import OnGap, ProcessStream
 from sandboxkit.client.tasks import TaskOwner
 from sandboxkit.errors import (
     CommandExitError,
@@ -23,6 +34,9 @@ from sandboxkit.errors import (
     ResultUnavailable,
     WaitTimeout,
 )
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 _STDERR_LINES = 5
 """How many of the last stderr lines a CommandExitError's message quotes."""
@@ -105,22 +119,6 @@ OnEnd = Callable[["AsyncCommandHandle"], Any]
 (``handle.exit_code``), the stream ended with an error (``handle.error``), or the handle
 was disconnected (neither) — after the last output callback. Sync or async; an async one
 runs as a task of the sandbox client, so it is not run once the client is closed."""
-
-
-@dataclass(frozen=True)
-class FollowOptions:
-    """How a handle's reader delivers a process's output: what :meth:`AsyncCommands.run`
-    and :meth:`AsyncCommands.connect` were given (see there), passed whole to the
-    :meth:`AsyncCommands._open_stream` hook."""
-
-    on_stdout: OutputCallback | None = None
-    on_stderr: OutputCallback | None = None
-    on_gap: OnGap = None
-    lines: bool = True
-    role: str | None = None
-    on_stdout_bytes: BytesCallback | None = None
-    on_stderr_bytes: BytesCallback | None = None
-    keep_output: KeepOutput = DEFAULT_KEEP_OUTPUT
 
 
 class AsyncCommandHandle:
@@ -297,28 +295,13 @@ class AsyncCommands:
         base = f"/sandboxes/{self._sandbox_id}/processes"
         return base if pid is None else f"{base}/{pid}"
 
-    async def start(
-        self,
-        cmd: str | list[str],
-        *,
-        envs: dict[str, str] | None = None,
-        cwd: str | None = None,
-        timeout: float | None = None,
-        pty: bool = False,
-        tag: str | None = None,
-    ) -> ProcessInfo:
+    async def start(self, cmd: str | list[str], **options: Unpack[StartOptions]) -> ProcessInfo:
         """Start a process without following it. A list is an argv; a string, a shell
-        command. No deadline unless ``timeout`` is given (F10)."""
+        command. No deadline unless ``timeout`` is given (F10); the options are
+        :class:`~sandboxkit.client.options.StartOptions`."""
+        check_keywords(START_KEYWORDS, "AsyncCommands.start", options)
         self._owner.check()
-        spec: dict[str, Any] = {
-            "envs": envs or {},
-            "cwd": cwd,
-            "timeout": timeout,
-            "pty": pty,
-            "tag": tag,
-        }
-        spec["argv" if isinstance(cmd, list) else "cmd"] = cmd
-        return await self._start_process(spec)
+        return await self._start_process(process_spec(cmd, options))
 
     async def _start_process(self, spec: dict[str, Any]) -> ProcessInfo:
         """Hook: start the process ``spec`` describes — ``cmd`` (a shell command) or
@@ -331,19 +314,9 @@ class AsyncCommands:
         self,
         cmd: str | list[str],
         background: Literal[False] = False,
-        on_stdout: OutputCallback | None = None,
-        on_stderr: OutputCallback | None = None,
-        envs: dict[str, str] | None = None,
-        cwd: str | None = None,
-        timeout: float | None = None,
         *,
-        pty: bool = False,
-        on_gap: OnGap = None,
-        lines: bool = True,
-        on_stdout_bytes: BytesCallback | None = None,
-        on_stderr_bytes: BytesCallback | None = None,
-        keep_output: KeepOutput | None = None,
         on_end: OnEnd | None = None,
+        **options: Unpack[RunOptions],
     ) -> CommandResult: ...
 
     @overload
@@ -351,19 +324,9 @@ class AsyncCommands:
         self,
         cmd: str | list[str],
         background: Literal[True],
-        on_stdout: OutputCallback | None = None,
-        on_stderr: OutputCallback | None = None,
-        envs: dict[str, str] | None = None,
-        cwd: str | None = None,
-        timeout: float | None = None,
         *,
-        pty: bool = False,
-        on_gap: OnGap = None,
-        lines: bool = True,
-        on_stdout_bytes: BytesCallback | None = None,
-        on_stderr_bytes: BytesCallback | None = None,
-        keep_output: KeepOutput | None = None,
         on_end: OnEnd | None = None,
+        **options: Unpack[RunOptions],
     ) -> AsyncCommandHandle: ...
 
     @overload
@@ -371,45 +334,27 @@ class AsyncCommands:
         self,
         cmd: str | list[str],
         background: bool = False,
-        on_stdout: OutputCallback | None = None,
-        on_stderr: OutputCallback | None = None,
-        envs: dict[str, str] | None = None,
-        cwd: str | None = None,
-        timeout: float | None = None,
         *,
-        pty: bool = False,
-        on_gap: OnGap = None,
-        lines: bool = True,
-        on_stdout_bytes: BytesCallback | None = None,
-        on_stderr_bytes: BytesCallback | None = None,
-        keep_output: KeepOutput | None = None,
         on_end: OnEnd | None = None,
+        **options: Unpack[RunOptions],
     ) -> CommandResult | AsyncCommandHandle: ...
 
     async def run(
         self,
         cmd: str | list[str],
         background: bool = False,
-        on_stdout: OutputCallback | None = None,
-        on_stderr: OutputCallback | None = None,
-        envs: dict[str, str] | None = None,
-        cwd: str | None = None,
-        timeout: float | None = None,
         *,
-        pty: bool = False,
-        on_gap: OnGap = None,
-        lines: bool = True,
-        on_stdout_bytes: BytesCallback | None = None,
-        on_stderr_bytes: BytesCallback | None = None,
-        keep_output: KeepOutput | None = None,
         on_end: OnEnd | None = None,
+        **options: Unpack[RunOptions],
     ) -> CommandResult | AsyncCommandHandle:
         """Run a command. Foreground (default): wait and return a :class:`CommandResult`,
         raising CommandExitError on a non-zero exit. ``background=True``: return an
         :class:`AsyncCommandHandle` at once.
 
-        The command runs in the sandbox's own working directory unless ``cwd`` says
-        otherwise. ``on_stdout``/``on_stderr`` get whole lines without their newline
+        Every option is a keyword (:class:`~sandboxkit.client.options.RunOptions`, defined
+        once for the async and sync clients). The command runs in the sandbox's own
+        working directory unless ``cwd`` says otherwise; ``envs``, ``timeout`` and ``pty``
+        as in :meth:`start`. ``on_stdout``/``on_stderr`` get whole lines without their newline
         (``on_stdout=print`` prints what the process printed); ``lines=False`` gives them
         raw chunks as they arrive instead. ``on_stdout_bytes``/``on_stderr_bytes`` get
         each chunk's bytes exactly as written (binary output).
@@ -423,19 +368,11 @@ class AsyncCommands:
 
         ``on_end(handle)`` is called once when the handle stops following the process
         (see :data:`OnEnd`), after the last output callback."""
-        if keep_output is None:
-            keep_output = DEFAULT_KEEP_OUTPUT if background else True
-        info = await self.start(cmd, envs=envs, cwd=cwd, timeout=timeout, pty=pty)
-        options = FollowOptions(
-            on_stdout=on_stdout,
-            on_stderr=on_stderr,
-            on_gap=on_gap,
-            lines=lines,
-            on_stdout_bytes=on_stdout_bytes,
-            on_stderr_bytes=on_stderr_bytes,
-            keep_output=keep_output,
-        )
-        handle = self._follow(info.pid, 0, options, on_end)
+        check_keywords(RUN_KEYWORDS, "AsyncCommands.run", options)
+        follow = follow_options(options, DEFAULT_KEEP_OUTPUT if background else True)
+        self._owner.check()
+        info = await self._start_process(process_spec(cmd, options))
+        handle = self._follow(info.pid, 0, follow, on_end)
         if background:
             return handle
         try:
@@ -443,7 +380,7 @@ class AsyncCommands:
         except asyncio.CancelledError:
             await handle.disconnect()
             raise
-        incomplete = self._incomplete_error(result, handle.stream, on_gap)
+        incomplete = self._incomplete_error(result, handle.stream, follow.on_gap)
         if incomplete is not None:
             raise incomplete
         return result
@@ -473,16 +410,9 @@ class AsyncCommands:
         self,
         pid: int,
         cursor: int | None = None,
-        on_stdout: OutputCallback | None = None,
-        on_stderr: OutputCallback | None = None,
         *,
-        on_gap: OnGap = None,
-        lines: bool = True,
-        role: str | None = None,
-        on_stdout_bytes: BytesCallback | None = None,
-        on_stderr_bytes: BytesCallback | None = None,
-        keep_output: KeepOutput = DEFAULT_KEEP_OUTPUT,
         on_end: OnEnd | None = None,
+        **options: Unpack[ConnectOptions],
     ) -> AsyncCommandHandle:
         """Follow a running or recently exited process from ``cursor`` (default: the oldest
         retained output). An unknown or evicted pid raises ResultUnavailable here, before
@@ -494,6 +424,7 @@ class AsyncCommands:
         ``kick`` the cursor cannot be honoured (those designs deliver new output only):
         the stream starts where the policy is, and what it skipped is a gap of its exact
         size (``GapInfo.reason == "not_replayed"``)."""
+        check_keywords(CONNECT_KEYWORDS, "AsyncCommands.connect", options)
         self._owner.check()
         _check_cursor_type(cursor)
         process = await self._prepare_follow(pid)
@@ -505,17 +436,7 @@ class AsyncCommands:
                     f"sequence number from 0 to {head} (the head, where the next chunk goes)",
                     field="cursor",
                 )
-        options = FollowOptions(
-            on_stdout=on_stdout,
-            on_stderr=on_stderr,
-            on_gap=on_gap,
-            lines=lines,
-            role=role,
-            on_stdout_bytes=on_stdout_bytes,
-            on_stderr_bytes=on_stderr_bytes,
-            keep_output=keep_output,
-        )
-        return self._follow(pid, cursor, options, on_end)
+        return self._follow(pid, cursor, follow_options(options, DEFAULT_KEEP_OUTPUT), on_end)
 
     async def _prepare_follow(self, pid: int) -> dict[str, Any] | None:
         """Hook: make ``pid`` ready to be followed before :meth:`connect` makes a handle,
@@ -537,29 +458,18 @@ class AsyncCommands:
         of the daemon's output log; a provider's reader offers what the handle and the
         widgets read of a :class:`ProcessStream` (cursor, output, stats, states,
         ``run()``, ``flush_lines()``)."""
-        return ProcessStream(
-            self._api,
-            self._sandbox_id,
-            pid,
-            cursor,
-            on_stdout=options.on_stdout,
-            on_stderr=options.on_stderr,
-            on_gap=options.on_gap,
-            lines=options.lines,
-            role=options.role,
-            on_stdout_bytes=options.on_stdout_bytes,
-            on_stderr_bytes=options.on_stderr_bytes,
-            keep_output=options.keep_output,
-        )
+        return ProcessStream(self._api, self._sandbox_id, pid, cursor, options)
 
-    async def try_run(self, cmd: str | list[str], **options: Any) -> Ok[CommandResult] | Failed:
+    async def try_run(
+        self, cmd: str | list[str], **options: Unpack[RunOptions]
+    ) -> Ok[CommandResult] | Failed:
         """:meth:`run` in the foreground, returning ``Ok(result)`` or ``Failed(error)``
         (a non-zero exit is ``Failed(CommandExitError)``) instead of raising."""
-        options.pop("background", None)
+        options.pop("background", None)  # type: ignore[typeddict-item]  # ignored if given
         return await attempt(self.run(cmd, **options))
 
     async def try_connect(
-        self, pid: int, cursor: int | None = None, **options: Any
+        self, pid: int, cursor: int | None = None, **options: Unpack[ConnectOptions]
     ) -> Ok[CommandResult] | Failed:
         """Connect and wait for the exit; ``Ok(result)`` or ``Failed(error)`` — e.g.
         ``Failed(ResultUnavailable)`` for an unknown or evicted pid."""

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 
 from sandboxkit._proc import pid_alive
-from sandboxkit.client.api import http_options
+from sandboxkit.client.transport import http_options
 from sandboxkit.errors import DaemonUnavailable
 from sandboxkit.statefile import (
     DaemonState,

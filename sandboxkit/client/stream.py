@@ -10,14 +10,22 @@ import time
 import warnings
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 
 from sandboxkit._compat import within
-from sandboxkit.client.api import ApiClient, FrameStream
+from sandboxkit.client.api import ApiClient
 from sandboxkit.client.frames import KeepaliveMeta, StartMeta, parse_meta
-from sandboxkit.client.output import DEFAULT_KEEP_OUTPUT, Cursor, KeepOutput, StreamOutput
+from sandboxkit.client.options import (
+    CONNECT_KEYWORDS,
+    ConnectOptions,
+    FollowOptions,
+    check_keywords,
+    follow_options,
+)
+from sandboxkit.client.output import DEFAULT_KEEP_OUTPUT, Cursor, StreamOutput
+from sandboxkit.client.transport import FrameStream
 from sandboxkit.errors import (
     ConsumerKicked,
     DaemonUnavailable,
@@ -29,6 +37,9 @@ from sandboxkit.errors import (
     error_from_wire,
 )
 from sandboxkit.wire import Frame, FrameKind
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = [
     "BytesCallback",
@@ -180,34 +191,36 @@ class ProcessStream:
         sandbox_id: str,
         pid: int,
         cursor: int | None = None,
+        options: FollowOptions | None = None,
         *,
-        on_stdout: OutputCallback | None = None,
-        on_stderr: OutputCallback | None = None,
-        on_gap: OnGap = None,
         name: str | None = None,
-        role: str | None = None,
         watchdog_multiple: float = 2.0,
         reattach_timeout: float = 60.0,
-        keep_output: KeepOutput = DEFAULT_KEEP_OUTPUT,
-        lines: bool = False,
-        on_stdout_bytes: BytesCallback | None = None,
-        on_stderr_bytes: BytesCallback | None = None,
+        **follow: Unpack[ConnectOptions],
     ) -> None:
+        # What to deliver and how: ``options`` whole (as commands.connect resolved it), or
+        # the keywords of connect, with connect's defaults.
+        check_keywords(CONNECT_KEYWORDS, "ProcessStream", follow)
+        if options is None:
+            options = follow_options(follow, DEFAULT_KEEP_OUTPUT)
+        elif follow:
+            raise TypeError("ProcessStream() takes options= or its keywords, not both")
+        self.options = options
         self.api = api
         self.sandbox_id = sandbox_id
         self.pid = pid
         self._seq = None if cursor is None else int(cursor)
-        self.on_stdout = on_stdout
-        self.on_stderr = on_stderr
-        self.on_stdout_bytes = on_stdout_bytes
-        self.on_stderr_bytes = on_stderr_bytes
-        self.on_gap = on_gap
+        self.on_stdout = options.on_stdout
+        self.on_stderr = options.on_stderr
+        self.on_stdout_bytes = options.on_stdout_bytes
+        self.on_stderr_bytes = options.on_stderr_bytes
+        self.on_gap = options.on_gap
         self.name = name
-        self.role = role
+        self.role = options.role
         self.watchdog_multiple = watchdog_multiple
         self.reattach_timeout = reattach_timeout
-        self.keep_output = keep_output
-        self.lines = lines
+        keep_output = self.keep_output = options.keep_output
+        self.lines = options.lines
         self._partial = {"stdout": "", "stderr": ""}
         self.stats = StreamStats()
         self.exit_code: int | None = None

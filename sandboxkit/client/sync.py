@@ -19,16 +19,18 @@ from sandboxkit.client.commands import AsyncCommandHandle, AsyncCommands
 from sandboxkit.client.files import Files
 from sandboxkit.client.local import Connection
 from sandboxkit.client.loop_thread import LoopThread, shared_loop_thread
-from sandboxkit.client.output import DEFAULT_KEEP_OUTPUT, Cursor, KeepOutput
+from sandboxkit.client.options import ConnectOptions, RunOptions, StartOptions
+from sandboxkit.client.output import Cursor
 from sandboxkit.client.results import CommandResult, Failed, Ok, ProcessInfo, SandboxInfo
 from sandboxkit.client.sandbox import DEFAULT_TIMEOUT, AsyncSandbox
 from sandboxkit.client.stdin import StdinSession
-from sandboxkit.client.stream import BytesCallback, OnGap, OutputCallback, ProcessStream
+from sandboxkit.client.stream import ProcessStream
 from sandboxkit.lab_options import LabOptions
 from sandboxkit.limits import Limits
 
 if TYPE_CHECKING:
-    import pandas as pd  # (see client/sandbox.py: imported only to build a frame)
+    import pandas as pd
+    from typing_extensions import Unpack  # (see client/sandbox.py: imported only to build a frame)
 
 __all__ = ["CommandHandle", "Commands", "Sandbox", "SyncStdinSession"]
 
@@ -207,39 +209,18 @@ class Commands:
         self._commands = commands
         self._loop = loop
 
-    def start(
-        self,
-        cmd: str | list[str],
-        *,
-        envs: dict[str, str] | None = None,
-        cwd: str | None = None,
-        timeout: float | None = None,
-        pty: bool = False,
-        tag: str | None = None,
-    ) -> ProcessInfo:
+    def start(self, cmd: str | list[str], **options: Unpack[StartOptions]) -> ProcessInfo:
         """Start a process without following it (see :meth:`AsyncCommands.start`)."""
-        return self._loop.run(
-            self._commands.start(cmd, envs=envs, cwd=cwd, timeout=timeout, pty=pty, tag=tag)
-        )
+        return self._loop.run(self._commands.start(cmd, **options))
 
     @overload
     def run(
         self,
         cmd: str | list[str],
         background: Literal[False] = False,
-        on_stdout: OutputCallback | None = None,
-        on_stderr: OutputCallback | None = None,
-        envs: dict[str, str] | None = None,
-        cwd: str | None = None,
-        timeout: float | None = None,
         *,
-        pty: bool = False,
-        on_gap: OnGap = None,
-        lines: bool = True,
-        on_stdout_bytes: BytesCallback | None = None,
-        on_stderr_bytes: BytesCallback | None = None,
-        keep_output: KeepOutput | None = None,
         on_end: OnEnd | None = None,
+        **options: Unpack[RunOptions],
     ) -> CommandResult: ...
 
     @overload
@@ -247,19 +228,9 @@ class Commands:
         self,
         cmd: str | list[str],
         background: Literal[True],
-        on_stdout: OutputCallback | None = None,
-        on_stderr: OutputCallback | None = None,
-        envs: dict[str, str] | None = None,
-        cwd: str | None = None,
-        timeout: float | None = None,
         *,
-        pty: bool = False,
-        on_gap: OnGap = None,
-        lines: bool = True,
-        on_stdout_bytes: BytesCallback | None = None,
-        on_stderr_bytes: BytesCallback | None = None,
-        keep_output: KeepOutput | None = None,
         on_end: OnEnd | None = None,
+        **options: Unpack[RunOptions],
     ) -> CommandHandle: ...
 
     @overload
@@ -267,38 +238,18 @@ class Commands:
         self,
         cmd: str | list[str],
         background: bool = False,
-        on_stdout: OutputCallback | None = None,
-        on_stderr: OutputCallback | None = None,
-        envs: dict[str, str] | None = None,
-        cwd: str | None = None,
-        timeout: float | None = None,
         *,
-        pty: bool = False,
-        on_gap: OnGap = None,
-        lines: bool = True,
-        on_stdout_bytes: BytesCallback | None = None,
-        on_stderr_bytes: BytesCallback | None = None,
-        keep_output: KeepOutput | None = None,
         on_end: OnEnd | None = None,
+        **options: Unpack[RunOptions],
     ) -> CommandResult | CommandHandle: ...
 
     def run(
         self,
         cmd: str | list[str],
         background: bool = False,
-        on_stdout: OutputCallback | None = None,
-        on_stderr: OutputCallback | None = None,
-        envs: dict[str, str] | None = None,
-        cwd: str | None = None,
-        timeout: float | None = None,
         *,
-        pty: bool = False,
-        on_gap: OnGap = None,
-        lines: bool = True,
-        on_stdout_bytes: BytesCallback | None = None,
-        on_stderr_bytes: BytesCallback | None = None,
-        keep_output: KeepOutput | None = None,
         on_end: OnEnd | None = None,
+        **options: Unpack[RunOptions],
     ) -> CommandResult | CommandHandle:
         """Run a command: a :class:`CommandResult`, or with ``background=True`` a
         :class:`CommandHandle`. ``on_stdout``/``on_stderr`` get whole lines without their
@@ -306,22 +257,7 @@ class Commands:
         thread, as does ``on_end(handle)``. See :meth:`AsyncCommands.run`."""
         mirror = _Mirror(self._loop, on_end)
         result = self._loop.run(
-            self._commands.run(
-                cmd,
-                background,
-                on_stdout,
-                on_stderr,
-                envs,
-                cwd,
-                timeout,
-                pty=pty,
-                on_gap=on_gap,
-                lines=lines,
-                on_stdout_bytes=on_stdout_bytes,
-                on_stderr_bytes=on_stderr_bytes,
-                keep_output=keep_output,
-                on_end=mirror.on_end,
-            )
+            self._commands.run(cmd, background, on_end=mirror.on_end, **options)
         )
         if isinstance(result, AsyncCommandHandle):
             return mirror(result)
@@ -331,43 +267,26 @@ class Commands:
         self,
         pid: int,
         cursor: int | None = None,
-        on_stdout: OutputCallback | None = None,
-        on_stderr: OutputCallback | None = None,
         *,
-        on_gap: OnGap = None,
-        lines: bool = True,
-        role: str | None = None,
-        on_stdout_bytes: BytesCallback | None = None,
-        on_stderr_bytes: BytesCallback | None = None,
-        keep_output: KeepOutput = DEFAULT_KEEP_OUTPUT,
         on_end: OnEnd | None = None,
+        **options: Unpack[ConnectOptions],
     ) -> CommandHandle:
         """Follow a process from ``cursor`` (default: oldest retained output); an unknown
         pid raises ResultUnavailable here. See :meth:`AsyncCommands.connect`."""
         mirror = _Mirror(self._loop, on_end)
         handle = self._loop.run(
-            self._commands.connect(
-                pid,
-                cursor,
-                on_stdout,
-                on_stderr,
-                on_gap=on_gap,
-                lines=lines,
-                role=role,
-                on_stdout_bytes=on_stdout_bytes,
-                on_stderr_bytes=on_stderr_bytes,
-                keep_output=keep_output,
-                on_end=mirror.on_end,
-            )
+            self._commands.connect(pid, cursor, on_end=mirror.on_end, **options)
         )
         return mirror(handle)
 
-    def try_run(self, cmd: str | list[str], **options: Any) -> Ok[CommandResult] | Failed:
+    def try_run(
+        self, cmd: str | list[str], **options: Unpack[RunOptions]
+    ) -> Ok[CommandResult] | Failed:
         """:meth:`run` returning ``Ok(result)`` or ``Failed(error)`` instead of raising."""
         return self._loop.run(self._commands.try_run(cmd, **options))
 
     def try_connect(
-        self, pid: int, cursor: int | None = None, **options: Any
+        self, pid: int, cursor: int | None = None, **options: Unpack[ConnectOptions]
     ) -> Ok[CommandResult] | Failed:
         """Connect and wait; ``Ok(result)`` or ``Failed(error)``."""
         return self._loop.run(self._commands.try_connect(pid, cursor, **options))

@@ -36,7 +36,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from sandboxkit._compat import within
-from sandboxkit.client.raw_stream import BadChunk, ChunkedBody
+from sandboxkit.client.transport.raw_stream import BadChunk, ChunkedBody
 from sandboxkit.errors import DaemonUnavailable
 
 __all__ = ["BadResponse", "RawPool", "RawResponse", "encode_query", "parse_head"]
