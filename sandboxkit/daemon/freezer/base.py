@@ -106,6 +106,10 @@ class Freezer(abc.ABC):
         if leader is not None:
             now = read_stat(leader.pid)
             session = leader.pid if now is None or now.starttime == leader.starttime else None
+            if now is not None and now.ident == leader and now.alive:
+                # Its wrapper may not have joined the cgroup yet (a kill right after the
+                # start, see ``add(joined=True)``): the leader is the launch's all the same.
+                members = {**members, now.pid: now}
         chosen: set[int] = set()
         for st in members.values():
             if (
