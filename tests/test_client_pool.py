@@ -25,9 +25,9 @@ from sandboxkit.wire import FrameKind, encode_frame
 async def test_sandboxes_share_one_pool_closed_with_the_last(conn: dict[str, str]) -> None:
     first = await AsyncSandbox.create(**conn)
     second = await AsyncSandbox.create(**conn)
-    pool = first._api._pool
+    pool = first.backend.api._pool
     assert pool is not None  # a loopback daemon: raw sockets, no httpx client
-    assert second._api._pool is pool
+    assert second.backend.api._pool is pool
     await first.kill()
     assert not pool.closed  # the other sandbox still uses it
     assert (await second.commands.run(["echo", "hi"])).stdout == "hi\n"
@@ -36,7 +36,7 @@ async def test_sandboxes_share_one_pool_closed_with_the_last(conn: dict[str, str
     assert pool.closed
     assert pool.connections == 0  # every socket closed with it
     third = await AsyncSandbox.create(**conn)  # a new pool after the last one closed
-    assert third._api._pool is not pool
+    assert third.backend.api._pool is not pool
     await third.kill()
 
 

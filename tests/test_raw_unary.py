@@ -414,7 +414,7 @@ def test_the_head_parser_reads_framing_and_keep_alive() -> None:
 
 async def test_a_real_daemon_serves_a_sandbox_over_one_connection(conn: dict[str, Any]) -> None:
     async with await AsyncSandbox.create(**conn) as sbx:
-        pool = sbx._api._pool
+        pool = sbx.backend.api._pool
         assert pool is not None
         for _ in range(3):
             await sbx.pause()
