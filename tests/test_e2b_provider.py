@@ -131,6 +131,16 @@ def test_api_key_selects_the_cloud_and_debug_overrides(monkeypatch: pytest.Monke
     assert _Target.resolve(None, None, {}).debug
 
 
+def test_an_e2b_sandbox_is_the_client_class_holding_an_e2b_backend(sbx: Sandbox) -> None:
+    from sandboxkit.providers.e2b import E2BSandbox
+
+    # Composed, not subclassed: the one client class, constructed normally.
+    assert type(sbx.async_sandbox) is AsyncSandbox
+    assert isinstance(sbx.backend, E2BSandbox) and sbx.backend.debug
+    assert (sbx.provider, sbx.metrics_scope) == ("e2b", "client")
+    assert "(e2b debug)" in repr(sbx.async_sandbox)
+
+
 def test_debug_mode_refuses_on_timeout_pause_and_auto_resume(envd_url: str) -> None:
     from sandboxkit.providers.e2b.target import DEBUG_SANDBOXES
 

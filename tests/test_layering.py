@@ -84,3 +84,30 @@ def test_the_check_sees_an_upward_import() -> None:
         n.startswith("sandboxkit.providers")
         for n in imported_modules("from sandboxkit.client import provider\n", "sandboxkit.client")
     )
+
+
+def private_reach_ins(source: str) -> list[str]:
+    """``x._name`` where ``x`` is not ``self`` or ``cls``: one object reaching into
+    another's private members."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+            and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+        ):
+            found.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_the_providers_reach_into_no_private_member() -> None:
+    # The E2B package's modules share one owner object (providers/e2b/session.py) through
+    # its public members; none reaches into another's (or the client's) private ones.
+    found = [
+        f"{path.relative_to(PACKAGE.parent)} {where}"
+        for path in sorted((PACKAGE / "providers").rglob("*.py"))
+        for where in private_reach_ins(path.read_text())
+    ]
+    assert found == []
+    assert private_reach_ins("self._sandbox._e2b.files\n") == ["line 1: self._sandbox._e2b"]

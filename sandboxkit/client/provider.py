@@ -14,7 +14,7 @@ from __future__ import annotations
 import builtins
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from sandboxkit.errors import ProviderUnavailable
 
@@ -32,7 +32,7 @@ class CreateOptions:
     no equivalent of; none is dropped)."""
 
     timeout: float | None
-    on_timeout: str
+    on_timeout: Literal["pause", "kill"]
     auto_resume: bool
     envs: dict[str, str] | None
     metadata: dict[str, str] | None
