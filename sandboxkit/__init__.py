@@ -11,7 +11,7 @@ The public API, re-exported from focused modules::
 Errors: ``docs/errors.md``. Where each concept lives: ``docs/architecture.md``.
 """
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sandboxkit._lazy import lazy_exports
 from sandboxkit._version import __version__
@@ -31,6 +31,8 @@ from sandboxkit.errors import (
     OutputLost,
     PayloadTooLarge,
     ProcessNotFound,
+    ProviderUnavailable,
+    ProviderUnsupported,
     ResourceExhausted,
     ResultUnavailable,
     Retriable,
@@ -67,7 +69,7 @@ if TYPE_CHECKING:
 
 # The client (httpx, pandas) loads on first use, so that the daemon process, which shares
 # this package, never imports it.
-__getattr__, __dir__ = lazy_exports(
+_client_getattr, __dir__ = lazy_exports(
     __name__,
     dict.fromkeys(
         [
@@ -88,6 +90,17 @@ __getattr__, __dir__ = lazy_exports(
         "client",
     ),
 )
+
+
+def __getattr__(name: str) -> Any:
+    value = _client_getattr(name)
+    # The provider layer sits above the client and registers its providers with the
+    # client's loader (no SDK imported): loaded with the client, so that
+    # Sandbox.create(provider="e2b") finds them while the client never imports it.
+    import sandboxkit.providers  # noqa: F401
+
+    return value
+
 
 __all__ = [
     "AsyncCommandHandle",
@@ -115,6 +128,8 @@ __all__ = [
     "ProcessInfo",
     "ProcessNotFound",
     "ProcessStream",
+    "ProviderUnavailable",
+    "ProviderUnsupported",
     "ResourceExhausted",
     "ResultUnavailable",
     "Retriable",

@@ -38,6 +38,8 @@ shown under both)::
         IsolationUnavailable
         WorkdirMissing
         WaitTimeout
+        ProviderUnavailable
+        ProviderUnsupported
     TimeoutError
         WaitTimeout
 
@@ -75,6 +77,8 @@ __all__ = [
     "OutputLost",
     "PayloadTooLarge",
     "ProcessNotFound",
+    "ProviderUnavailable",
+    "ProviderUnsupported",
     "ResourceExhausted",
     "ResultUnavailable",
     "Retriable",
@@ -410,6 +414,29 @@ class WaitTimeout(SandboxkitError, TimeoutError):
     timeout: float | None
 
 
+class ProviderUnavailable(SandboxkitError):
+    """``create(provider=...)`` names no known provider, or the provider's SDK is not
+    installed (the message names the ``pip install``)."""
+
+    code = "provider_unavailable"
+    status = 400
+    origin = "client"
+    fields = ("provider",)
+    provider: str | None
+
+
+class ProviderUnsupported(SandboxkitError):
+    """The provider cannot do this (e.g. pause in E2B's debug mode, which has no control
+    plane, or a ``create()`` option it has no equivalent of); nothing was changed."""
+
+    code = "provider_unsupported"
+    status = 501
+    origin = "client"
+    fields = ("provider", "operation")
+    provider: str | None
+    operation: str | None
+
+
 ERROR_TABLE: dict[str, type[SandboxkitError]] = {
     cls.code: cls
     for cls in (
@@ -435,6 +462,8 @@ ERROR_TABLE: dict[str, type[SandboxkitError]] = {
         IsolationUnavailable,
         WorkdirMissing,
         WaitTimeout,
+        ProviderUnavailable,
+        ProviderUnsupported,
     )
 }
 

@@ -28,10 +28,10 @@ from sandboxkit.wire import FrameKind, encode_frame
 async def test_sandboxes_share_one_pool_closed_with_the_last(conn: dict[str, str]) -> None:
     first = await AsyncSandbox.create(**conn)
     second = await AsyncSandbox.create(**conn)
-    transport = first._api.transport
+    transport = first.backend.api.transport
     assert isinstance(transport, RawTransport)  # a loopback daemon: raw sockets, no httpx
     pool = transport.pool
-    assert second._api.transport is transport
+    assert second.backend.api.transport is transport
     await first.kill()
     assert not pool.closed  # the other sandbox still uses it
     assert (await second.commands.run(["echo", "hi"])).stdout == "hi\n"
@@ -40,7 +40,7 @@ async def test_sandboxes_share_one_pool_closed_with_the_last(conn: dict[str, str
     assert pool.closed
     assert pool.connections == 0  # every socket closed with it
     third = await AsyncSandbox.create(**conn)  # a new pool after the last one closed
-    assert third._api.transport is not transport
+    assert third.backend.api.transport is not transport
     await third.kill()
 
 

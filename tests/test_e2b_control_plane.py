@@ -21,6 +21,7 @@ from test_notebook_panel import last_status, recording_comms
 from sandboxkit import AsyncSandbox, Sandbox
 from sandboxkit.daemon.envd import EnvdServer
 from sandboxkit.daemon.server import DaemonServer
+from sandboxkit.errors import ProviderUnsupported
 from sandboxkit.notebook import LifecycleTimeline, ProcessPanel
 from sandboxkit.notebook.dashboard import SandboxDashboard
 from sandboxkit.providers import load
@@ -273,7 +274,7 @@ def sbx(cloud: dict[str, Any]) -> Iterator[Sandbox]:
 
 def test_provider_cloud_pause_resume_kill(daemon: DaemonServer, sbx: Sandbox) -> None:
     sid = sbx.sandbox_id
-    assert not sbx.async_sandbox.debug and state_of(daemon, sid) == "running"
+    assert not sbx.async_sandbox.backend.debug and state_of(daemon, sid) == "running"
     lines: list[str] = []
     handle = sbx.commands.run(COUNTER, background=True, on_stdout=lines.append)
     wait_until(lambda: len(lines) > 20, what="lines")
@@ -368,3 +369,20 @@ async def test_provider_list_and_async_kill(daemon: DaemonServer, cloud: dict[st
     finally:
         await sbx.kill()
     assert state_of(daemon, sbx.sandbox_id) == "killed"
+
+
+def test_provider_create_passes_on_timeout_and_auto_resume_on(
+    daemon: DaemonServer, cloud: dict[str, Any]
+) -> None:
+    before = set(daemon.host.sandboxes)
+    with pytest.raises(ProviderUnsupported, match="on_timeout='pause'") as caught:
+        Sandbox.create(auto_resume=True, **cloud)  # E2B resumes only what its timeout paused
+    assert caught.value.operation == "auto_resume"
+    assert set(daemon.host.sandboxes) == before, "a refused create made a sandbox"
+    sbx = Sandbox.create(timeout=120, on_timeout="pause", auto_resume=True, **cloud)
+    try:
+        made = daemon.host.sandboxes[sbx.sandbox_id]
+        assert (made.on_timeout, made.auto_resume) == ("pause", True)
+        assert (sbx.info.on_timeout, sbx.info.auto_resume) == ("pause", True)
+    finally:
+        sbx.kill()

@@ -113,7 +113,8 @@ def test_without_the_sdk_the_error_names_the_extra(monkeypatch: pytest.MonkeyPat
 
 
 def test_api_key_selects_the_cloud_and_debug_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sandboxkit.providers.e2b import DEFAULT_ENVD_URL, _Target
+    from sandboxkit.providers.e2b.target import DEFAULT_ENVD_URL
+    from sandboxkit.providers.e2b.target import Target as _Target
 
     assert _Target.resolve(None, None, {}).options == {
         "debug": True,
@@ -128,6 +129,30 @@ def test_api_key_selects_the_cloud_and_debug_overrides(monkeypatch: pytest.Monke
     assert not _Target.resolve("https://api.example", None, {"debug": False}).debug
     monkeypatch.setenv("E2B_DEBUG", "1")
     assert _Target.resolve(None, None, {}).debug
+
+
+def test_an_e2b_sandbox_is_the_client_class_holding_an_e2b_backend(sbx: Sandbox) -> None:
+    from sandboxkit.providers.e2b import E2BSandbox
+
+    # Composed, not subclassed: the one client class, constructed normally.
+    assert type(sbx.async_sandbox) is AsyncSandbox
+    assert isinstance(sbx.backend, E2BSandbox) and sbx.backend.debug
+    assert (sbx.provider, sbx.metrics_scope) == ("e2b", "client")
+    assert "(e2b debug)" in repr(sbx.async_sandbox)
+
+
+def test_debug_mode_refuses_on_timeout_pause_and_auto_resume(envd_url: str) -> None:
+    from sandboxkit.providers.e2b.target import DEBUG_SANDBOXES
+
+    before = DEBUG_SANDBOXES.ids()
+    for options, operation in (
+        ({"on_timeout": "pause"}, "on_timeout"),
+        ({"auto_resume": True}, "auto_resume"),
+    ):
+        with pytest.raises(ProviderUnsupported, match="no control plane") as caught:
+            Sandbox.create(provider="e2b", url=envd_url, **options)  # type: ignore[arg-type]
+        assert (caught.value.provider, caught.value.operation) == ("e2b", operation)
+    assert DEBUG_SANDBOXES.ids() == before, "a refused create made a sandbox"
 
 
 def test_run_and_reattach_from_the_cursor_replay_exactly(sbx: Sandbox) -> None:
@@ -266,7 +291,8 @@ async def test_a_foreground_run_is_complete_or_says_what_is_missing(envd_url: st
             )
             await asyncio.wait_for(first.wait(), 10)
             (pid,) = [p.pid for p in await sbx.commands.list() if p.state == "running"]
-            sbx._logs[pid].unknown_gap("E2B replays nothing printed while its stream was cut")  # type: ignore[attr-defined]
+            logs = sbx.backend.session.logs  # type: ignore[attr-defined]
+            logs[pid].unknown_gap("E2B replays nothing printed while its stream was cut")
             with pytest.raises(ProviderUnsupported):
                 sbx.commands.stdin_session(pid)
             await sbx.commands.send_stdin(pid, "now\n")

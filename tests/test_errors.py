@@ -42,6 +42,8 @@ from sandboxkit.errors import (
     OutputIncomplete,
     OutputLost,
     ProcessNotFound,
+    ProviderUnavailable,
+    ProviderUnsupported,
     ResourceExhausted,
     ResultUnavailable,
     Retriable,
@@ -615,6 +617,8 @@ def test_client_only_errors_are_never_the_daemons() -> None:
         OutputGap,
         OutputIncomplete,
         WaitTimeout,
+        ProviderUnavailable,
+        ProviderUnsupported,
     }
     assert {cls for cls in ERROR_TABLE.values() if cls.origin == "client"} == client_only
     assert set(DAEMON_ERROR_TABLE.values()) == set(ERROR_TABLE.values()) - client_only
@@ -708,6 +712,8 @@ _SAMPLES: dict[str, Any] = {
     "path": "sub/missing.txt",
     "timeout": 1.5,
     "missing": "bubblewrap is not installed",
+    "provider": "e2b",
+    "operation": "pause",
 }
 
 

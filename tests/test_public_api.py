@@ -87,7 +87,7 @@ async def test_on_end_on_disconnect_and_on_error_and_async(conn: dict[str, str])
         async def no_head(pid: int) -> None:
             return None
 
-        sbx.commands._prepare_follow = no_head  # type: ignore[method-assign]
+        sbx.backend.commands.prepare_follow = no_head  # type: ignore[method-assign]
         bad = await sbx.commands.connect(info.pid, cursor=head + 1, on_end=on_end)
         await asyncio.wait_for(ended.wait(), HANG)
         assert len(errors) == 1 and isinstance(errors[0], InvalidArgument)

@@ -415,7 +415,7 @@ def test_the_head_parser_reads_framing_and_keep_alive() -> None:
 
 async def test_a_real_daemon_serves_a_sandbox_over_one_connection(conn: dict[str, Any]) -> None:
     async with await AsyncSandbox.create(**conn) as sbx:
-        transport = sbx._api.transport
+        transport = sbx.backend.api.transport
         assert isinstance(transport, RawTransport)
         pool = transport.pool
         assert pool is not None

@@ -54,7 +54,6 @@ ONLY_SYNC: set[tuple[type, str]] = {
 # Plain attributes the async class sets in __init__, which its sync mirror reads through
 # as properties (the async instance's value stays the one source).
 ASYNC_ATTRIBUTES: set[tuple[type, str]] = {
-    (sync.Sandbox, "info"),
     (sync.CommandHandle, "stream"),
 }
 # Parameters only the sync side has: a blocking call needs a bound; an async caller has

@@ -79,7 +79,7 @@ async def test_async_with_kills_the_sandbox_when_the_body_raises(conn: dict[str,
     sbx = seen["sbx"]
     assert _find(await AsyncSandbox.list(**conn), sbx.sandbox_id).state == "killed"
     await _poll(lambda: not _alive(seen["pid"]), 10, "the sandbox's process to die")
-    assert sbx._api.closed
+    assert sbx.backend.api.closed
     assert len(sbx._owner) == 0
 
 
@@ -100,7 +100,7 @@ async def test_async_with_kills_the_sandbox_when_closing_the_client_raises(
     sbx = seen["sbx"]
     assert _find(await AsyncSandbox.list(**conn), sbx.sandbox_id).state == "killed"
     await _poll(lambda: not _alive(seen["pid"]), 10, "the sandbox's process to die")
-    assert sbx._api.closed
+    assert sbx.backend.api.closed
 
 
 @pytest.mark.timeout(30)
@@ -113,7 +113,7 @@ def test_sync_with_kills_the_sandbox_when_the_body_raises(conn: dict[str, str]) 
     sbx = seen["sbx"]
     assert _find(Sandbox.list(**conn), sbx.sandbox_id).state == "killed"
     wait_until(lambda: not _alive(seen["pid"]), 10, what="the sandbox's process to die")
-    assert sbx.async_sandbox._api.closed
+    assert sbx.async_sandbox.backend.api.closed
 
 
 @pytest.mark.timeout(30)
@@ -171,7 +171,7 @@ async def test_closed_client_leaves_no_task_and_no_attached_consumer(
         assert not _stream_tasks()
         assert all(h.done for h in handles)
         assert len(sbx._owner) == 0
-        assert sbx._api.closed
+        assert sbx.backend.api.closed
         # Nothing this client started is still scheduled.
         assert asyncio.all_tasks() - before - {asyncio.current_task()} == set()
         # A stale client cannot start new streams (no reconnect task outlives close).

@@ -196,7 +196,7 @@ async def test_a_long_poll_of_events_answers_when_the_next_event_is_recorded(
     conn: dict[str, Any],
 ) -> None:
     async with await AsyncSandbox.create(**conn) as sbx:
-        next_event = (await sbx._api.call("GET", "/health"))["next_event"]
+        next_event = (await sbx.backend.api.call("GET", "/health"))["next_event"]
         assert [e["seq"] for e in await sbx.raw_events()][-1] == next_event - 1
         waiting = asyncio.ensure_future(sbx.raw_events(next_event, wait=20))
         other = await AsyncSandbox.connect(sbx.sandbox_id, **conn)

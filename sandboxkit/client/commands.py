@@ -8,7 +8,6 @@ import signal
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, overload
 
-from sandboxkit.client.api import ApiClient
 from sandboxkit.client.options import (
     CONNECT_KEYWORDS,
     RUN_KEYWORDS,
@@ -23,20 +22,19 @@ from sandboxkit.client.options import (
 )
 from sandboxkit.client.output import DEFAULT_KEEP_OUTPUT, Cursor
 from sandboxkit.client.results import CommandResult, Failed, Ok, ProcessInfo, attempt
-from sandboxkit.client.stdin import HttpStdinTransport, StdinSession
-from sandboxkit.client.stream import OnGap, ProcessStream
+from sandboxkit.client.stdin import StdinSession
 from sandboxkit.client.tasks import TaskOwner
 from sandboxkit.errors import (
     CommandExitError,
     InvalidArgument,
-    OutputIncomplete,
-    ProcessNotFound,
     ResultUnavailable,
     WaitTimeout,
 )
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
+
+    from sandboxkit.client.backend import CommandsBackend, OutputReader
 
 _STDERR_LINES = 5
 """How many of the last stderr lines a CommandExitError's message quotes."""
@@ -125,7 +123,7 @@ class AsyncCommandHandle:
     """A running (or finished) process whose output this client follows."""
 
     def __init__(
-        self, commands: AsyncCommands, stream: ProcessStream, on_end: OnEnd | None = None
+        self, commands: AsyncCommands, stream: OutputReader, on_end: OnEnd | None = None
     ) -> None:
         self._commands = commands
         self.stream = stream
@@ -275,25 +273,13 @@ class AsyncCommandHandle:
 class AsyncCommands:
     """``sbx.commands``: start processes and follow their output.
 
-    ``run``, ``connect`` and the handles they return are the same for every backend. A
-    provider (:mod:`sandboxkit.providers`) subclasses this class and overrides, besides the
-    calls that go to its own API (``list``, ``kill``, ``send_stdin``...), only these hooks:
-    :meth:`_start_process` (start a process), :meth:`_prepare_follow` (check a pid before
-    a handle exists), :meth:`_open_stream` (the reader a handle runs) and
-    :meth:`_incomplete_error` (how a foreground result's missing output is reported)."""
+    ``run``, ``connect`` and the handles they return are the same for every backend; the
+    backend (:class:`~sandboxkit.client.backend.CommandsBackend`: a sandboxkit daemon's,
+    or a provider's) starts the processes and supplies the reader each handle runs."""
 
-    def __init__(self, api: ApiClient, sandbox_id: str, owner: TaskOwner) -> None:
-        self._api = api
-        self._sandbox_id = sandbox_id
+    def __init__(self, backend: CommandsBackend, owner: TaskOwner) -> None:
+        self._backend = backend
         self._owner = owner
-
-    async def _call(self, method: str, path: str, json: Any = None) -> Any:
-        self._owner.check()
-        return await self._api.call(method, path, json=json)
-
-    def _path(self, pid: int | None = None) -> str:
-        base = f"/sandboxes/{self._sandbox_id}/processes"
-        return base if pid is None else f"{base}/{pid}"
 
     async def start(self, cmd: str | list[str], **options: Unpack[StartOptions]) -> ProcessInfo:
         """Start a process without following it. A list is an argv; a string, a shell
@@ -301,13 +287,7 @@ class AsyncCommands:
         :class:`~sandboxkit.client.options.StartOptions`."""
         check_keywords(START_KEYWORDS, "AsyncCommands.start", options)
         self._owner.check()
-        return await self._start_process(process_spec(cmd, options))
-
-    async def _start_process(self, spec: dict[str, Any]) -> ProcessInfo:
-        """Hook: start the process ``spec`` describes — ``cmd`` (a shell command) or
-        ``argv``, and ``envs``, ``cwd``, ``timeout``, ``pty``, ``tag`` as :meth:`start`
-        was given them. Here ``spec`` is the daemon's request body."""
-        return ProcessInfo.from_json(await self._call("POST", self._path(), json=spec))
+        return await self._backend.start_process(process_spec(cmd, options))
 
     @overload
     async def run(
@@ -371,7 +351,7 @@ class AsyncCommands:
         check_keywords(RUN_KEYWORDS, "AsyncCommands.run", options)
         follow = follow_options(options, DEFAULT_KEEP_OUTPUT if background else True)
         self._owner.check()
-        info = await self._start_process(process_spec(cmd, options))
+        info = await self._backend.start_process(process_spec(cmd, options))
         handle = self._follow(info.pid, 0, follow, on_end)
         if background:
             return handle
@@ -380,31 +360,10 @@ class AsyncCommands:
         except asyncio.CancelledError:
             await handle.disconnect()
             raise
-        incomplete = self._incomplete_error(result, handle.stream, follow.on_gap)
+        incomplete = handle.stream.incomplete_error(result)
         if incomplete is not None:
             raise incomplete
         return result
-
-    def _incomplete_error(
-        self, result: CommandResult, stream: ProcessStream, on_gap: OnGap
-    ) -> OutputIncomplete | None:
-        """Hook: the error a foreground :meth:`run` raises because ``result`` (exit 0)
-        misses output its ``stream`` lost — to gaps, unless ``on_gap`` took them, or
-        beyond ``keep_output`` — or ``None`` when it is complete. Here every gap has a
-        size: the bytes the daemon evicted before they were read."""
-        lost = stream.bytes_dropped + (stream.stats.bytes_lost if on_gap is None else 0)
-        if not lost:
-            return None
-        return OutputIncomplete(
-            f"process {result.pid} exited 0 but {lost} bytes of its output are missing "
-            f"from the result ({stream.stats.bytes_lost} evicted by the daemon before "
-            f"they were read, {stream.bytes_dropped} beyond keep_output); "
-            "error.result has the rest",
-            pid=result.pid,
-            exit_code=result.exit_code,
-            bytes_lost=lost,
-            result=result,
-        )
 
     async def connect(
         self,
@@ -427,7 +386,7 @@ class AsyncCommands:
         check_keywords(CONNECT_KEYWORDS, "AsyncCommands.connect", options)
         self._owner.check()
         _check_cursor_type(cursor)
-        process = await self._prepare_follow(pid)
+        process = await self._backend.prepare_follow(pid)
         if cursor is not None and process is not None and "head" in process:
             head = int(process["head"])
             if cursor > head:
@@ -438,27 +397,11 @@ class AsyncCommands:
                 )
         return self._follow(pid, cursor, follow_options(options, DEFAULT_KEEP_OUTPUT), on_end)
 
-    async def _prepare_follow(self, pid: int) -> dict[str, Any] | None:
-        """Hook: make ``pid`` ready to be followed before :meth:`connect` makes a handle,
-        raising ResultUnavailable for an unknown or evicted pid; what is known of it (its
-        ``head`` bounds the cursor), if anything. Here the daemon is asked about it (its
-        output log is already there)."""
-        info: dict[str, Any] = await self._call("GET", self._path(pid))
-        return info
-
     def _follow(
         self, pid: int, cursor: int | None, options: FollowOptions, on_end: OnEnd | None
     ) -> AsyncCommandHandle:
         self._owner.check()
-        return AsyncCommandHandle(self, self._open_stream(pid, cursor, options), on_end)
-
-    def _open_stream(self, pid: int, cursor: int | None, options: FollowOptions) -> ProcessStream:
-        """Hook: the reader a handle runs, following ``pid``'s output from ``cursor``
-        (``None``: the oldest kept) and delivering it as ``options`` say. Here a stream
-        of the daemon's output log; a provider's reader offers what the handle and the
-        widgets read of a :class:`ProcessStream` (cursor, output, stats, states,
-        ``run()``, ``flush_lines()``)."""
-        return ProcessStream(self._api, self._sandbox_id, pid, cursor, options)
+        return AsyncCommandHandle(self, self._backend.open_reader(pid, cursor, options), on_end)
 
     async def try_run(
         self, cmd: str | list[str], **options: Unpack[RunOptions]
@@ -481,36 +424,37 @@ class AsyncCommands:
         return await attempt(follow())
 
     async def list(self) -> list[ProcessInfo]:
-        """Every process the daemon still knows (running, or exited within the TTL)."""
-        return [ProcessInfo.from_json(p) for p in await self._call("GET", self._path())]
+        """Every process the sandbox still knows (running, or exited within the TTL)."""
+        self._owner.check()
+        return await self._backend.list()
 
     async def get(self, pid: int) -> ProcessInfo:
         """One process."""
-        return ProcessInfo.from_json(await self._call("GET", self._path(pid)))
+        self._owner.check()
+        return await self._backend.get(pid)
 
     async def kill(self, pid: int) -> bool:
         """Kill a process; False if it had already exited or is unknown."""
-        try:
-            answer = await self._call("POST", self._path(pid) + "/kill")
-        except ProcessNotFound:
-            return False
-        return bool(answer.get("killed"))
+        self._owner.check()
+        return await self._backend.kill(pid)
 
     async def restart(self, pid: int) -> ProcessInfo:
         """Kill ``pid`` and start the same command again; returns the new process."""
-        return ProcessInfo.from_json(await self._call("POST", self._path(pid) + "/restart"))
+        self._owner.check()
+        return await self._backend.restart(pid)
 
     def stdin_session(self, pid: int, **options: Any) -> StdinSession:
         """An exactly-once stdin session for ``pid`` (see :class:`StdinSession`)."""
         self._owner.check()
-        return StdinSession(HttpStdinTransport(self._api, self._sandbox_id, pid), **options)
+        return self._backend.stdin_session(pid, **options)
 
     async def send_stdin(self, pid: int, data: str | bytes) -> None:
         """Write ``data`` to the process's stdin exactly once, retrying through
-        disconnects."""
-        async with self.stdin_session(pid) as session:
-            await session.write(data)
+        disconnects (where the backend can: E2B's writes at most once)."""
+        self._owner.check()
+        await self._backend.send_stdin(pid, data)
 
     async def close_stdin(self, pid: int) -> None:
         """Close the process's stdin (it reads EOF)."""
-        await self._call("POST", self._path(pid) + "/stdin/close")
+        self._owner.check()
+        await self._backend.close_stdin(pid)

@@ -14,14 +14,15 @@ data sets.
 
 from __future__ import annotations
 
-import base64
 import builtins
 from dataclasses import dataclass
-from typing import Any, Literal, overload
+from typing import TYPE_CHECKING, Literal, overload
 
-from sandboxkit.client.api import ApiClient
 from sandboxkit.client.loop_thread import LoopThread
 from sandboxkit.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from sandboxkit.client.backend import FilesBackend
 
 __all__ = ["AsyncFiles", "EntryInfo", "Files", "WriteInfo"]
 
@@ -42,16 +43,12 @@ class EntryInfo(WriteInfo):
     size: int
 
 
-def _entry(raw: dict[str, Any]) -> EntryInfo:
-    return EntryInfo(name=raw["name"], type=raw["type"], path=raw["path"], size=raw["size"])
-
-
 class AsyncFiles:
-    """The files of one sandbox (async)."""
+    """The files of one sandbox (async), through its backend
+    (:class:`~sandboxkit.client.backend.FilesBackend`)."""
 
-    def __init__(self, api: ApiClient, sandbox_id: str) -> None:
-        self._api = api
-        self._path = f"/sandboxes/{sandbox_id}/files"
+    def __init__(self, backend: FilesBackend) -> None:
+        self._backend = backend
 
     async def write(self, path: str, data: str | bytes) -> WriteInfo:
         """Write ``data`` (``str`` as UTF-8, or bytes-like) to ``path``, creating parent
@@ -66,9 +63,7 @@ class AsyncFiles:
                 field="data",
                 path=path,
             )
-        body = {"path": path, "data": base64.b64encode(raw).decode()}
-        info = await self._api.call("PUT", self._path, json=body)
-        return WriteInfo(name=info["name"], type=info["type"], path=info["path"])
+        return await self._backend.write(path, raw)
 
     @overload
     async def read(self, path: str, format: Literal["text"] = "text") -> str: ...
@@ -80,14 +75,11 @@ class AsyncFiles:
         """The content of ``path``: ``str`` (UTF-8, undecodable bytes replaced) or
         ``bytes``. Raises FileNotFound if there is no such file, PayloadTooLarge for a file
         over the daemon's whole-file limit (16 MiB, ``docs/protocol.md``)."""
-        info = await self._api.call("GET", self._path, file=path)
-        data = base64.b64decode(info["data"])
-        return data if format == "bytes" else data.decode("utf-8", errors="replace")
+        return await self._backend.read(path, format)
 
     async def list(self, path: str = ".") -> builtins.list[EntryInfo]:
         """The entries of directory ``path`` (default: the working directory), by name."""
-        entries = await self._api.call("GET", f"{self._path}/list", file=path)
-        return [_entry(e) for e in entries]
+        return await self._backend.list(path)
 
 
 class Files:

@@ -11,13 +11,19 @@ from typing import TYPE_CHECKING, Any, Literal
 import httpx
 import msgspec
 
+from sandboxkit.client import provider as providers
 from sandboxkit.client.api import ApiClient
+from sandboxkit.client.backend import SandboxBackend
 from sandboxkit.client.commands import AsyncCommands
+from sandboxkit.client.daemon_backend import DaemonSandbox
 from sandboxkit.client.files import AsyncFiles
 from sandboxkit.client.local import Connection, resolve, resolved
 from sandboxkit.client.results import SandboxInfo
-from sandboxkit.client.tasks import TaskOwner
-from sandboxkit.errors import InvalidArgument, IsolationWarning, SandboxNotFound
+from sandboxkit.errors import (
+    InvalidArgument,
+    IsolationWarning,
+    SandboxNotFound,
+)
 from sandboxkit.lab_options import LabOptions
 from sandboxkit.limits import Limits, to_limits
 
@@ -87,20 +93,41 @@ async def _connection(url: str | None, token: str | None) -> Connection:
 
 
 class AsyncSandbox:
-    """A sandbox on a sandboxkit daemon.
+    """A sandbox — on a sandboxkit daemon, or a provider's (``provider="e2b"``).
 
     Use :meth:`create` or :meth:`connect`. As an async context manager it always kills the
-    sandbox on exit, even when the body or the close raises (F9).
+    sandbox on exit, even when the body or the close raises (F9). It holds one backend
+    (:class:`~sandboxkit.client.backend.SandboxBackend`): the daemon's, or a provider's.
     """
 
-    def __init__(self, api: ApiClient, info: SandboxInfo) -> None:
-        self._api = api
-        self._owner = TaskOwner(info.sandbox_id)
-        self.sandbox_id = info.sandbox_id
-        self.info = info
-        note_sandbox(info.sandbox_id)
-        self.commands = AsyncCommands(api, info.sandbox_id, self._owner)
-        self.files = AsyncFiles(api, info.sandbox_id)
+    def __init__(self, backend: SandboxBackend) -> None:
+        self._backend = backend
+        self._owner = backend.owner
+        self.sandbox_id = backend.sandbox_id
+        note_sandbox(self.sandbox_id)
+        self.commands = AsyncCommands(backend.commands, self._owner)
+        self.files = AsyncFiles(backend.files)
+
+    @property
+    def backend(self) -> SandboxBackend:
+        """What this sandbox talks to: a sandboxkit daemon, or a provider."""
+        return self._backend
+
+    @property
+    def info(self) -> SandboxInfo:
+        """The sandbox's state as last known (:meth:`get_info` refreshes it)."""
+        return self._backend.info
+
+    @property
+    def provider(self) -> str | None:
+        """``None`` on a sandboxkit daemon; else the provider's name (``"e2b"``)."""
+        return self._backend.provider
+
+    @property
+    def metrics_scope(self) -> str:
+        """``"daemon"`` when a daemon measures the consumers; ``"client"`` when only this
+        client's own readers are known (a provider's, e.g. E2B)."""
+        return self._backend.metrics_scope
 
     # -- construction ----------------------------------------------------------------
 
@@ -164,17 +191,18 @@ class AsyncSandbox:
                     " pass the provider's own options in provider_options",
                     field="provider",
                 )
-            from sandboxkit.providers import load
-
-            sandbox: AsyncSandbox = await load(provider).create(
-                timeout=timeout,
-                envs=envs,
-                metadata=metadata,
-                url=url,
-                token=token,
-                options=dict(provider_options or {}),
+            return await providers.load(provider).create(
+                providers.CreateOptions(
+                    timeout=timeout,
+                    on_timeout=on_timeout,
+                    auto_resume=auto_resume,
+                    envs=envs,
+                    metadata=metadata,
+                    url=url,
+                    token=token,
+                    options=dict(provider_options or {}),
+                )
             )
-            return sandbox
         conn = await _connection(url, token)
         api = ApiClient(conn.url, conn.token, transport=transport)
         try:
@@ -197,7 +225,7 @@ class AsyncSandbox:
             raise
         if info.isolation == "none" and info.isolation_reason:
             _warn_unisolated(info.isolation_reason)
-        return cls(api, info)
+        return cls(DaemonSandbox(api, info))
 
     @classmethod
     async def connect(
@@ -218,7 +246,7 @@ class AsyncSandbox:
         except BaseException:
             await api.aclose()
             raise
-        return cls(api, info)
+        return cls(DaemonSandbox(api, info))
 
     @staticmethod
     async def list(
@@ -237,51 +265,45 @@ class AsyncSandbox:
 
     @property
     def connection(self) -> Connection:
-        """The daemon this sandbox lives on (url and token)."""
-        return Connection(self._api.url, self._api.token)
+        """Where this sandbox's backend is: the daemon's url and token (a provider's:
+        its URL, no token)."""
+        return self._backend.connection
 
     # -- lifecycle -------------------------------------------------------------------
 
-    @property
-    def _path(self) -> str:
-        return f"/sandboxes/{self.sandbox_id}"
-
-    async def _call(self, method: str, path: str, json: Any = None, **params: Any) -> Any:
-        self._owner.check()  # SandboxClosed, saying why, before any request
-        return await self._api.call(method, self._path + path, json=json, **params)
-
     async def get_info(self) -> SandboxInfo:
-        """Fresh state from the daemon."""
-        self.info = SandboxInfo.from_json(await self._call("GET", ""))
-        return self.info
+        """Fresh state from the daemon (a provider: as it knows it)."""
+        self._owner.check()
+        return await self._backend.get_info()
 
     async def pause(self) -> None:
         """Freeze every process of the sandbox."""
-        self.info = SandboxInfo.from_json(await self._call("POST", "/pause"))
+        self._owner.check()
+        await self._backend.pause()
 
     async def resume(self) -> None:
         """Thaw every process of the sandbox."""
-        self.info = SandboxInfo.from_json(await self._call("POST", "/resume"))
+        self._owner.check()
+        await self._backend.resume()
 
     async def set_timeout(self, timeout: float | None) -> None:
         """Let the sandbox live until ``timeout`` seconds pass with no request and no
         attached stream (``None``: until killed); the clock restarts now."""
-        self.info = SandboxInfo.from_json(
-            await self._call("POST", "/timeout", {"timeout": timeout})
-        )
+        self._owner.check()
+        await self._backend.set_timeout(timeout)
 
     async def kill(self) -> None:
         """Kill every process and delete the sandbox; then close this client (every later
         call raises SandboxClosed)."""
         self._owner.check()
         try:
-            await self._api.call("DELETE", self._path)
+            await self._backend.kill()
         finally:
             await self._after_kill()
 
     async def _after_kill(self) -> None:
         self._owner.closed_because = "killed"
-        # The daemon has ended every process: let the streams this client follows read
+        # The backend has ended every process: let the streams this client follows read
         # their end frame (the exit code a handle's wait() reports), boundedly.
         try:
             await self._owner.drain(_KILL_DRAIN)
@@ -295,7 +317,7 @@ class AsyncSandbox:
         try:
             await self._owner.aclose()
         finally:
-            await self._api.aclose()
+            await self._backend.aclose()
 
     async def __aenter__(self) -> AsyncSandbox:
         return self
@@ -309,7 +331,7 @@ class AsyncSandbox:
         if self._owner.closed:
             return  # already killed (or closed) inside the block
         try:
-            await self._api.call("DELETE", self._path)
+            await self._backend.kill()
         finally:
             await self._after_kill()
 
@@ -320,22 +342,27 @@ class AsyncSandbox:
         return events_frame(await self.raw_events(since))
 
     async def consumers(self) -> pd.DataFrame:
-        """Per-consumer metrics: cursor, head, lag, bytes sent, state, blocked-since."""
-        return consumers_frame(await self._call("GET", "/consumers"))
+        """Per-consumer metrics: cursor, head, lag, bytes sent, state, blocked-since. A
+        provider's are this client's own readers only: ``frame.attrs["scope"]`` is then
+        ``"client"``."""
+        frame = consumers_frame(await self._backend.consumer_rows())
+        if self.metrics_scope == "client":
+            frame.attrs["scope"] = "client"
+        return frame
 
     async def raw_events(
         self, since: int = 0, *, wait: float | None = None
     ) -> builtins.list[dict[str, Any]]:
         """The event journal as the daemon sends it. With ``wait`` (seconds, at most 25)
         and no event from ``since`` on yet, the daemon answers as soon as one is recorded
-        (a long poll), or with ``[]`` after ``wait``."""
-        result: builtins.list[dict[str, Any]] = await self._call(
-            "GET", "/events", since=since, wait=wait
-        )
-        return result
+        (a long poll), or with ``[]`` after ``wait``. A provider's journal is this
+        client's own (each event's ``data`` says ``"source": "client"``), answered at
+        once."""
+        return await self._backend.raw_events(since, wait=wait)
 
     def __repr__(self) -> str:
-        return f"<AsyncSandbox {self.sandbox_id} {self.info.state}>"
+        extra = self._backend.describe()
+        return f"<AsyncSandbox {self.sandbox_id} {self.info.state}{extra}>"
 
 
 _warned_unisolated = False

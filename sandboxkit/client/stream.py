@@ -25,6 +25,7 @@ from sandboxkit.client.options import (
     follow_options,
 )
 from sandboxkit.client.output import DEFAULT_KEEP_OUTPUT, Cursor, StreamOutput
+from sandboxkit.client.results import CommandResult
 from sandboxkit.client.transport import FrameStream
 from sandboxkit.errors import (
     ConsumerKicked,
@@ -32,6 +33,7 @@ from sandboxkit.errors import (
     MalformedFrame,
     OutputGap,
     OutputGapWarning,
+    OutputIncomplete,
     StreamInterrupted,
     StreamStalled,
     error_from_wire,
@@ -43,11 +45,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BytesCallback",
+    "Gap",
     "GapInfo",
     "OnGap",
     "OutputCallback",
     "ProcessStream",
     "StreamStats",
+    "UnknownGap",
     "gap_marker",
 ]
 
@@ -83,10 +87,27 @@ class GapInfo:
         return "evicted by the daemon before this reader read them"
 
 
-OnGap = Callable[[GapInfo], Any] | Literal["raise"] | None
-"""What a stream does when output was evicted before it read it. ``None`` (the default):
+@dataclass(frozen=True)
+class UnknownGap:
+    """Output may have been produced here while nobody was attached, and the backend can
+    neither replay it nor say how much (E2B's envd replays nothing after a reattach):
+    ``bytes_lost`` is ``None`` on purpose, never a made-up number."""
+
+    cursor: int
+    """Where in the stream (bytes this client received before the gap) it sits."""
+    reason: str
+    """Why, in words a person reads (e.g. "E2B replays nothing ...")."""
+    bytes_lost: None = None
+
+
+Gap = GapInfo | UnknownGap
+"""What an ``on_gap`` callable receives: a :class:`GapInfo` (a sandboxkit daemon's
+gaps always have a size) or an :class:`UnknownGap` (a provider's, of unknown size)."""
+
+OnGap = Callable[[Gap], Any] | Literal["raise"] | None
+"""What a stream does when output was lost before it read it. ``None`` (the default):
 an :class:`~sandboxkit.errors.OutputGapWarning` and a marker in ``stdout`` (see
-:func:`gap_marker`); a callable: called with the :class:`GapInfo` instead; ``"raise"``:
+:func:`gap_marker`); a callable: called with the :class:`Gap` instead; ``"raise"``:
 the stream ends with :class:`~sandboxkit.errors.OutputGap`."""
 
 
@@ -550,6 +571,24 @@ class ProcessStream:
             callback = self.on_stderr if target == "stderr" else self.on_stdout
             if rest and callback is not None:
                 await _call(callback, rest.removesuffix("\r"))
+
+    def incomplete_error(self, result: CommandResult) -> OutputIncomplete | None:
+        """The error a foreground ``run`` raises because ``result`` (exit 0) misses output
+        — evicted before it was read, unless ``on_gap`` took it, or beyond
+        ``keep_output`` — or ``None`` when it is complete. Every gap here has a size."""
+        lost = self.bytes_dropped + (self.stats.bytes_lost if self.on_gap is None else 0)
+        if not lost:
+            return None
+        return OutputIncomplete(
+            f"process {result.pid} exited 0 but {lost} bytes of its output are missing "
+            f"from the result ({self.stats.bytes_lost} evicted by the daemon before "
+            f"they were read, {self.bytes_dropped} beyond keep_output); "
+            "error.result has the rest",
+            pid=result.pid,
+            exit_code=result.exit_code,
+            bytes_lost=lost,
+            result=result,
+        )
 
 
 async def _call(callback: Callable[..., Any], *args: Any) -> None:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import httpx
 
+from sandboxkit.client.backend import OutputReader, SandboxBackend
 from sandboxkit.client.commands import AsyncCommandHandle, AsyncCommands
 from sandboxkit.client.files import Files
 from sandboxkit.client.local import Connection
@@ -24,7 +25,6 @@ from sandboxkit.client.output import Cursor
 from sandboxkit.client.results import CommandResult, Failed, Ok, ProcessInfo, SandboxInfo
 from sandboxkit.client.sandbox import DEFAULT_TIMEOUT, AsyncSandbox
 from sandboxkit.client.stdin import StdinSession
-from sandboxkit.client.stream import ProcessStream
 from sandboxkit.lab_options import LabOptions
 from sandboxkit.limits import Limits
 
@@ -81,8 +81,9 @@ class CommandHandle:
         return self._handle.exit_code
 
     @property
-    def stream(self) -> ProcessStream:
-        """The underlying :class:`ProcessStream` (stats, states)."""
+    def stream(self) -> OutputReader:
+        """The underlying reader (stats, states): a :class:`ProcessStream` on a sandboxkit
+        daemon."""
         return self._handle.stream
 
     @property
@@ -349,6 +350,21 @@ class Sandbox:
     def info(self) -> SandboxInfo:
         """The last known state."""
         return self._async.info
+
+    @property
+    def backend(self) -> SandboxBackend:
+        """See :attr:`AsyncSandbox.backend`."""
+        return self._async.backend
+
+    @property
+    def provider(self) -> str | None:
+        """See :attr:`AsyncSandbox.provider`."""
+        return self._async.provider
+
+    @property
+    def metrics_scope(self) -> str:
+        """See :attr:`AsyncSandbox.metrics_scope`."""
+        return self._async.metrics_scope
 
     @classmethod
     def create(

@@ -25,7 +25,7 @@ from sandboxkit.client.stdin import StdinSession
 if TYPE_CHECKING:
     from sandboxkit.client.commands import AsyncCommandHandle
     from sandboxkit.client.sandbox import AsyncSandbox
-    from sandboxkit.client.stream import GapInfo
+    from sandboxkit.client.stream import Gap
 
 __all__ = ["JsonRpcClient", "RpcClosed", "RpcError", "RpcTimeout", "refresh"]
 
@@ -101,7 +101,7 @@ class JsonRpcClient:
         self.responses = 0
         self.notifications: list[dict[str, Any]] = []
         self.stdin_restarts = 0
-        self.gaps: list[GapInfo] = []
+        self.gaps: list[Gap] = []
         self.last_stdin_error: BaseException | None = None
         self._next_id = first_id if first_id is not None else secrets.randbelow(1 << 30) + 1
         self._pending: dict[int, tuple[str, asyncio.Future[Any]]] = {}
