@@ -146,7 +146,7 @@ async def test_either_transport_runs_and_follows_a_command(conn: dict[str, str],
     # stream, the same bookkeeping of open streams, over either.
     transport = httpx.AsyncHTTPTransport() if via == "httpx" else None
     async with await AsyncSandbox.create(**conn, transport=transport) as sbx:
-        api = sbx._api
+        api = sbx.backend.api
         assert isinstance(api.transport, RawTransport) is (via == "raw sockets")
         lines: list[str] = []
         result = await sbx.commands.run(["printf", "a\\nb\\n"], on_stdout=lines.append)

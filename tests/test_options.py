@@ -35,7 +35,7 @@ def test_a_stream_made_by_hand_has_the_defaults_of_run_and_connect() -> None:
 
 
 async def test_an_unknown_keyword_is_still_a_type_error() -> None:
-    commands = AsyncCommands(None, "sbx", None)  # type: ignore[arg-type]  # never called
+    commands = AsyncCommands(None, None)  # type: ignore[arg-type]  # never called
     with pytest.raises(TypeError, match="on_stdot"):
         await commands.run("true", on_stdot=print)  # type: ignore[call-arg]
     with pytest.raises(TypeError, match="tag"):
