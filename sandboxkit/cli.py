@@ -27,6 +27,7 @@ from sandboxkit._version import __version__
 from sandboxkit.daemon.config import DaemonConfig, LabDefaults
 from sandboxkit.lab_options import FANOUT_POLICIES, GHOST_KINDS
 from sandboxkit.statefile import DaemonState, read_state, remove_state
+from sandboxkit.vocab import ENVD_PORT
 
 __all__ = ["main"]
 
@@ -526,11 +527,11 @@ def _parser() -> argparse.ArgumentParser:
         "--envd",
         type=int,
         nargs="?",
-        const=49983,
+        const=ENVD_PORT,
         default=None,
         metavar="PORT",
         help="also serve an envd-compatible endpoint for the official e2b SDK in debug mode, "
-        "and E2B's control plane under /api for the SDK outside it (default port 49983, "
+        f"and E2B's control plane under /api for the SDK outside it (default port {ENVD_PORT}, "
         "envd's; 0: any free one); see docs/e2b.md",
     )
     for name, text in _CONFIG_OPTIONS.items():

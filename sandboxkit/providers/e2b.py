@@ -55,7 +55,6 @@ import asyncio
 import bisect
 import builtins
 import contextlib
-import dataclasses
 import inspect
 import itertools
 import logging
@@ -68,6 +67,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, cast
 
 import e2b
+import msgspec
 import pandas as pd
 from e2b import CommandExitException, NotFoundException
 
@@ -89,6 +89,7 @@ from sandboxkit.errors import (
     SandboxNotFound,
 )
 from sandboxkit.providers.base import ProviderUnsupported, UnknownGap
+from sandboxkit.vocab import ENVD_PORT, ProcessSpecInfo, ProcessState, SandboxState
 
 __all__ = [
     "DEFAULT_ENVD_URL",
@@ -103,7 +104,7 @@ __all__ = [
 
 log = logging.getLogger("sandboxkit.providers.e2b")
 
-DEFAULT_ENVD_URL = "http://localhost:49983"
+DEFAULT_ENVD_URL = f"http://localhost:{ENVD_PORT}"
 """Where the SDK's debug mode finds envd unless told otherwise."""
 
 DEFAULT_LOG_BYTES = 8 * 1024 * 1024
@@ -290,7 +291,7 @@ class _ProcessLog:
         self.ended_at = time.time()
         self._notify()
 
-    def state(self) -> str:
+    def state(self) -> ProcessState:
         return "exited" if self.ended else "running"
 
 
@@ -1032,12 +1033,9 @@ class E2BSandbox(AsyncSandbox):
             state="running",
             timeout=timeout,
             on_timeout="kill",
-            auto_resume=False,
             created_at=time.time(),
-            processes=0,
             metadata=dict(metadata or {}),
             fanout="e2b",
-            raw={"provider": "e2b", "fanout": "e2b", "debug": target.debug},
         )
         self._logs: dict[int, _ProcessLog] = {}
         self._journal = _Journal(sandbox_id)
@@ -1125,18 +1123,10 @@ class E2BSandbox(AsyncSandbox):
     def _process_info(self, plog: _ProcessLog) -> ProcessInfo:
         spec = plog.spec
         readers = sum(1 for r in plog.readers if r.closed_at is None)
-        raw = {
-            "pid": plog.pid,
-            "sandbox_id": self.sandbox_id,
-            "spec": {"cmd": spec.get("cmd"), "argv": spec.get("argv")},
-            "state": plog.state(),
-            "source": "client",
-        }
         return ProcessInfo(
             pid=plog.pid,
             sandbox_id=self.sandbox_id,
-            cmd=spec.get("cmd"),
-            argv=spec.get("argv"),
+            spec=ProcessSpecInfo(cmd=spec.get("cmd"), argv=spec.get("argv")),
             state=plog.state(),
             exit_code=plog.exit_code,
             started_at=plog.started_at,
@@ -1146,12 +1136,11 @@ class E2BSandbox(AsyncSandbox):
             consumers=readers,
             restarted_from=plog.restarted_from,
             restarted_to=plog.restarted_to,
-            raw=raw,
         )
 
     # -- lifecycle -------------------------------------------------------------------
 
-    def _set_state(self, state: str) -> None:
+    def _set_state(self, state: SandboxState) -> None:
         alive = sum(1 for p in self._logs.values() if not p.ended)
         self.info = SandboxInfo(
             sandbox_id=self.sandbox_id,
@@ -1162,7 +1151,7 @@ class E2BSandbox(AsyncSandbox):
             created_at=self.info.created_at,
             processes=alive,
             metadata=self.info.metadata,
-            raw=self.info.raw,
+            fanout="e2b",
         )
 
     def _cloud_only(self, operation: str) -> None:
@@ -1214,7 +1203,7 @@ class E2BSandbox(AsyncSandbox):
             raise InvalidArgument("E2B sandboxes always have a timeout", field="timeout")
         if not self.debug:
             await self._e2b.set_timeout(max(1, int(timeout)))
-        self.info = dataclasses.replace(self.info, timeout=timeout)
+        self.info = msgspec.structs.replace(self.info, timeout=timeout)
 
     async def kill(self) -> None:
         """Kill the sandbox (cloud). In debug mode, where the SDK cannot kill a sandbox,
@@ -1320,12 +1309,8 @@ async def list_sandboxes(
                 state="running",
                 timeout=None,
                 on_timeout="kill",
-                auto_resume=False,
                 created_at=0.0,
-                processes=0,
-                metadata={},
                 fanout="e2b",
-                raw={"provider": "e2b", "fanout": "e2b", "debug": True},
             )
             for sid in _registry
         ]
@@ -1345,7 +1330,6 @@ async def list_sandboxes(
                     processes=0,
                     metadata=dict(item.metadata or {}),
                     fanout="e2b",
-                    raw={"provider": "e2b", "fanout": "e2b", "debug": False},
                 )
             )
     return infos
