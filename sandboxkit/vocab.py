@@ -37,6 +37,7 @@ __all__ = [
     "Fanout",
     "LimitEnforcement",
     "LogStorage",
+    "OnTimeout",
     "ProcessInfo",
     "ProcessSpecInfo",
     "ProcessState",
@@ -57,8 +58,11 @@ no timeout: E2B's default, for the Python client and for the e2b SDK's control p
 # -- sandboxes and processes ---------------------------------------------------------------
 
 SandboxState = Literal["running", "paused", "killed"]
+OnTimeout = Literal["pause", "kill"]
+"""What an idle timeout does to a sandbox."""
 ProcessState = Literal["running", "paused", "exited"]
 LogStorage = Literal["disk", "memory"]
+"""Where a process's output log is kept (``sandboxkit/daemon/output_log.py``)."""
 LimitEnforcement = Literal["cgroup", "cgroup-v1", "rlimit", "none"]
 
 Fanout = FanoutPolicy | Literal["e2b"]
@@ -228,7 +232,7 @@ class SandboxInfo(_Described, frozen=True, kw_only=True):
     """The sandbox's own working directory on the daemon's machine."""
     envs: dict[str, str] = {}
     timeout: float | None
-    on_timeout: Literal["pause", "kill"]
+    on_timeout: OnTimeout
     auto_resume: bool = False
     metadata: dict[str, str] = {}
     fanout: Fanout = "cursor"

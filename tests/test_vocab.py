@@ -21,6 +21,18 @@ PACKAGE = Path(vocab.__file__).parent
 VOCAB = Path(vocab.__file__)
 
 CONSUMER_STATES = set(get_args(vocab.ConsumerState))
+VALUE_SETS = {
+    name: frozenset(get_args(getattr(vocab, name)))
+    for name in (
+        "SandboxState",
+        "ProcessState",
+        "ConsumerState",
+        "OnTimeout",
+        "LogStorage",
+        "LimitEnforcement",
+    )
+}
+"""The vocabulary's sets of values: none is written out again elsewhere."""
 INFO_CLASSES = {"ProcessInfo", "SandboxInfo", "ProcessSpecInfo"}
 CONSTANTS = {
     "BLOCKED_AFTER",
@@ -56,6 +68,10 @@ def _docstrings(tree: ast.Module) -> set[int]:
     return found
 
 
+def _name(node: ast.AST) -> str | None:
+    return getattr(node, "id", None) or getattr(node, "attr", None)
+
+
 def _strings(node: ast.AST) -> list[Any]:
     return [e.value for e in getattr(node, "elts", []) if isinstance(e, ast.Constant)]
 
@@ -64,7 +80,7 @@ def redefinitions(path: Path, source: str) -> list[str]:
     """What ``source`` defines that is the vocabulary's to define."""
     tree = ast.parse(source)
     docs = _docstrings(tree)
-    where = path.name
+    where = path.relative_to(PACKAGE.parent) if path.is_absolute() else path
     found: list[str] = []
     for node in ast.walk(tree):
         line = f"{where}:{getattr(node, 'lineno', '?')}"
@@ -85,9 +101,15 @@ def redefinitions(path: Path, source: str) -> list[str]:
         elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
             # Two or more consumer states written out together: a list of states (a
             # ``Literal[...]`` of them too, whose subscript is such a tuple).
-            states = CONSUMER_STATES.intersection(s for s in _strings(node) if isinstance(s, str))
+            strings = {s for s in _strings(node) if isinstance(s, str)}
+            states = CONSUMER_STATES & strings
             if len(states) >= 2:
                 found.append(f"{line}: consumer states {sorted(states)}")
+        elif isinstance(node, ast.Subscript) and _name(node.value) == "Literal":
+            strings = {s for s in _strings(node.slice) if isinstance(s, str)}
+            for name, values in VALUE_SETS.items():
+                if strings == values and name != "ConsumerState":
+                    found.append(f"{line}: Literal of {name}'s values {sorted(values)}")
         elif isinstance(node, ast.Dict):
             keys = [k.value for k in node.keys if isinstance(k, ast.Constant)]
             states = CONSUMER_STATES.intersection(k for k in keys if isinstance(k, str))
@@ -109,10 +131,11 @@ URL = "http://localhost:49983"
 class ProcessInfo: ...
 def f(state):
     return state in ("closed", "kicked")
+OnTimeout = Literal["pause", "kill"]
 '''
     found = redefinitions(Path("example.py"), source)
     lines = {int(hit.split(":")[1]) for hit in found}
-    assert lines == {4, 5, 6, 7, 8, 9, 11}, found  # all but the docstring (2) and import
+    assert lines == {4, 5, 6, 7, 8, 9, 11, 12}, found  # all but the docstring and import
     # An import, or a name bound to the vocabulary's, is not a definition.
     fine = "from sandboxkit.vocab import STARVED_AFTER\nDEFAULT_PORT = ENVD_PORT\n"
     assert redefinitions(Path("fine.py"), fine) == []
@@ -126,7 +149,10 @@ def test_no_module_defines_the_vocabulary_again() -> None:
 def test_the_browser_gets_the_state_colours_from_the_kernel() -> None:
     js = (PACKAGE / "notebook" / "charts.js").read_text("utf-8").lower()
     assert not [c for c in vocab.STATE_COLORS.values() if c.lower() in js]
-    assert "state_colors" in js
+    assert "state_colors" in js and "final_states" in js
+    assert not [s for s in sorted(vocab.FINAL_CONSUMER_STATES) if f'!== "{s}"' in js]
+    traits = ChartWidget.class_traits()
+    assert traits["final_states"].make_dynamic_default() == sorted(vocab.FINAL_CONSUMER_STATES)
     assert ChartWidget.class_traits()["state_colors"].make_dynamic_default() == vocab.STATE_COLORS
     assert STATE_COLORS is vocab.STATE_COLORS
     # The OpenAPI document's consumer states are the vocabulary's.

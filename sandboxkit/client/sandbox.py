@@ -20,7 +20,7 @@ from sandboxkit.client.tasks import TaskOwner
 from sandboxkit.errors import InvalidArgument, IsolationWarning, SandboxNotFound
 from sandboxkit.lab_options import LabOptions
 from sandboxkit.limits import Limits, to_limits
-from sandboxkit.vocab import DEFAULT_SANDBOX_TIMEOUT
+from sandboxkit.vocab import DEFAULT_SANDBOX_TIMEOUT, OnTimeout
 
 if TYPE_CHECKING:
     # Imported where a frame is built: pandas takes about a second to import, which every
@@ -110,7 +110,7 @@ class AsyncSandbox:
     async def create(
         cls,
         timeout: float | None = DEFAULT_TIMEOUT,
-        on_timeout: Literal["pause", "kill"] = "kill",
+        on_timeout: OnTimeout = "kill",
         auto_resume: bool = False,
         *,
         envs: dict[str, str] | None = None,

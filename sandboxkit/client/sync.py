@@ -26,6 +26,7 @@ from sandboxkit.client.stdin import StdinSession
 from sandboxkit.client.stream import BytesCallback, OnGap, OutputCallback, ProcessStream
 from sandboxkit.lab_options import LabOptions
 from sandboxkit.limits import Limits
+from sandboxkit.vocab import OnTimeout
 
 if TYPE_CHECKING:
     import pandas as pd  # (see client/sandbox.py: imported only to build a frame)
@@ -435,7 +436,7 @@ class Sandbox:
     def create(
         cls,
         timeout: float | None = DEFAULT_TIMEOUT,
-        on_timeout: Literal["pause", "kill"] = "kill",
+        on_timeout: OnTimeout = "kill",
         auto_resume: bool = False,
         *,
         envs: dict[str, str] | None = None,

@@ -52,6 +52,7 @@ from sandboxkit.daemon.schema import (
     decode_body,
     decode_query,
     encode_json,
+    require_sent_fields,
 )
 from sandboxkit.daemon.tcp_peer import (
     PENDING_BYTES,
@@ -734,6 +735,7 @@ def _openapi(endpoints: list[_Endpoint]) -> dict[str, Any]:
                 models.append(model)
     schemas, components = msgspec.json.schema_components(models, ref_template=_REF)
     refs = dict(zip(map(repr, models), schemas, strict=True))
+    require_sent_fields(components)
     components["Error"] = ERROR_SCHEMA
     paths: dict[str, dict[str, Any]] = {}
     for ep in endpoints:

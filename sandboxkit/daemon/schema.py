@@ -21,12 +21,20 @@ from msgspec import Meta, Struct
 from sandboxkit.errors import DAEMON_ERROR_TABLE, InvalidArgument, MalformedFrame
 from sandboxkit.lab_options import LabOptions
 from sandboxkit.limits import Limits
-from sandboxkit.vocab import ROLE_PATTERN, ConsumerState, ProcessInfo, SandboxInfo
+from sandboxkit.vocab import (
+    ROLE_PATTERN,
+    ConsumerState,
+    OnTimeout,
+    ProcessInfo,
+    ProcessSpecInfo,
+    SandboxInfo,
+)
 
 __all__ = [
     "ERROR_SCHEMA",
     "REQUEST_MODELS",
     "RESPONSE_MODELS",
+    "SENT_IN_FULL",
     "ConsumerRow",
     "CreateSandbox",
     "EventRow",
@@ -43,6 +51,7 @@ __all__ = [
     "decode_body",
     "decode_query",
     "encode_json",
+    "require_sent_fields",
 ]
 
 # -- bounds --------------------------------------------------------------------------------
@@ -80,7 +89,7 @@ class CreateSandbox(Struct, forbid_unknown_fields=True, omit_defaults=True):
 
     envs: Envs = {}
     timeout: Seconds | None = None
-    on_timeout: Literal["pause", "kill"] = "pause"
+    on_timeout: OnTimeout = "pause"
     auto_resume: bool = False
     metadata: Annotated[
         dict[Label, Annotated[str, Meta(max_length=64 * 1024)]], Meta(max_length=MAX_METADATA)
@@ -234,6 +243,25 @@ RESPONSE_MODELS: tuple[type[Any], ...] = (
     ConsumerRow,
     EventRow,
 )
+
+SENT_IN_FULL: tuple[type[Struct], ...] = (SandboxInfo, ProcessInfo, KilledProcess, ProcessSpecInfo)
+"""Responses the daemon always sends every field of. The shared structs give some fields
+defaults, for describers that cannot know them (the E2B provider); the daemon's own
+document says they are all there."""
+
+
+def require_sent_fields(components: dict[str, Any]) -> None:
+    """Mark every field of :data:`SENT_IN_FULL` required (and without a default) in the
+    OpenAPI ``components`` that ``msgspec.json.schema_components`` generated."""
+    for model in SENT_IN_FULL:
+        schema = components.get(model.__name__)
+        if schema is None:
+            continue
+        properties: dict[str, Any] = schema.get("properties", {})
+        schema["required"] = list(properties)
+        for name, prop in properties.items():
+            properties[name] = {k: v for k, v in prop.items() if k != "default"}
+
 
 ERROR_SCHEMA: dict[str, Any] = {
     "type": "object",

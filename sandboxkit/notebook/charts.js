@@ -8,8 +8,9 @@
 // Timeline:      {type: "events" | "snapshot", now, markers, pauses, stalls}
 // To the kernel: {type: "hello", view}  (a (re)rendered view asks for a snapshot)
 
-// Each consumer state's colour comes from the kernel (the widget's `state_colors`, from
-// sandboxkit/vocab.py's STATE_COLORS); a state it does not name is drawn in UNKNOWN_STATE.
+// Each consumer state's colour, and which states are final, come from the kernel (the
+// widget's `state_colors` and `final_states`: sandboxkit/vocab.py's STATE_COLORS and
+// FINAL_CONSUMER_STATES); a state without a colour is drawn in UNKNOWN_STATE.
 const UNKNOWN_STATE = "#1f77b4";
 const ROWS = ["stalls", "consumers", "processes", "paused"];
 
@@ -47,6 +48,7 @@ function isGhost(label) { return /^ghost\b/.test(label); }
 
 function backpressure(uPlot, root, model, height, widthOf) {
   const stateColor = (st) => (model.get("state_colors") || {})[st] || UNKNOWN_STATE;
+  const isFinal = (st) => (model.get("final_states") || []).includes(st);
   const clock = kernelClock();
   let window_ = 120;
   let samples = []; // [{t, lags, states}]
@@ -104,7 +106,7 @@ function backpressure(uPlot, root, model, height, widthOf) {
     xs.push(Math.max(now, xs.length ? xs[xs.length - 1] : 0));
     order.forEach((cid, i) => {
       const st = lastState.get(cid);
-      const open = st && st !== "closed" && st !== "kicked";
+      const open = st && !isFinal(st);
       const last = ys[i].length ? ys[i][ys[i].length - 1] : null;
       ys[i].push(open ? last : null); // an open consumer's line reaches "now"; a closed one stops
     });

@@ -50,7 +50,7 @@ from sandboxkit.notebook.chart_data import (
     TimelineData,
 )
 from sandboxkit.providers.base import metrics_scope
-from sandboxkit.vocab import STATE_COLORS
+from sandboxkit.vocab import FINAL_CONSUMER_STATES, STATE_COLORS
 
 if TYPE_CHECKING:
     from sandboxkit.notebook.panel import ProcessPanel
@@ -84,6 +84,8 @@ class ChartWidget(VendoredWidget):
     state_colors = traitlets.Dict(default_value=dict(STATE_COLORS)).tag(sync=True)
     """Each consumer state's colour (:data:`sandboxkit.vocab.STATE_COLORS`): the browser
     draws with these, and defines none of its own."""
+    final_states = traitlets.List(default_value=sorted(FINAL_CONSUMER_STATES)).tag(sync=True)
+    """The states a consumer's line stops at (:data:`sandboxkit.vocab.FINAL_CONSUMER_STATES`)."""
 
 
 D = TypeVar("D")
