@@ -28,7 +28,10 @@ __all__ = [
     "DEFAULT_ROLE",
     "DEFAULT_SANDBOX_TIMEOUT",
     "ENVD_PORT",
+    "ENVD_ROLE",
     "FINAL_CONSUMER_STATES",
+    "GHOST_ROLE",
+    "PANEL_ROLE",
     "ROLE_PATTERN",
     "ROLE_TEXT",
     "STARVED_AFTER",
@@ -108,19 +111,26 @@ STARVED_AFTER = 0.2
 (the daemon's measure; a chart infers the same from lag that grows without progress)."""
 
 DEFAULT_ROLE = "sdk"
-"""The role of a consumer whose client did not name one."""
+"""The role of a consumer whose client did not name one (a command handle's stream)."""
+
+PANEL_ROLE = "panel"
+"""The role of a :class:`~sandboxkit.notebook.ProcessPanel`'s stream."""
+
+GHOST_ROLE = "ghost"
+"""The role of the fault lab's ghost readers (``sandboxkit/lab/ghosts.py``)."""
+
+ENVD_ROLE = "e2b"
+"""The role of the envd endpoint's streams (the e2b SDK's readers)."""
 
 ROLE_PATTERN = re.compile(r"[a-z0-9_-]{1,32}")
 """A role is a short label the client chooses (``panel``, ``sdk``, ``chart``, ...)."""
 
 ROLE_TEXT: dict[str, str] = {
-    "panel": "panel",
+    PANEL_ROLE: "panel",
     DEFAULT_ROLE: "notebook handle",
-    "ghost": "ghost",
-    "e2b": "e2b SDK",
+    GHOST_ROLE: "ghost",
 }
-"""The roles sandboxkit itself gives consumers, as a chart labels them: a panel's stream,
-a handle's stream (the default), a fault-lab ghost, a stream of the envd endpoint."""
+"""How a chart labels a role (any other role: by its name)."""
 
 # -- what the daemon describes --------------------------------------------------------------
 #

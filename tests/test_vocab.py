@@ -7,6 +7,7 @@ structs the daemon's API is described by."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 from typing import Any, get_args
 
@@ -48,6 +49,9 @@ CONSTANTS = {
     "ROLE_PATTERN",
     "_ROLE_TEXT",
     "ROLE_TEXT",
+    "PANEL_ROLE",
+    "GHOST_ROLE",
+    "ENVD_ROLE",
 }
 """Names only vocab.py assigns (others import them)."""
 
@@ -72,6 +76,14 @@ def _name(node: ast.AST) -> str | None:
     return getattr(node, "id", None) or getattr(node, "attr", None)
 
 
+def _const(node: ast.AST | None) -> Any:
+    return node.value if isinstance(node, ast.Constant) else None
+
+
+def _is_str(node: ast.AST | None) -> bool:
+    return isinstance(_const(node), str)
+
+
 def _strings(node: ast.AST) -> list[Any]:
     return [e.value for e in getattr(node, "elts", []) if isinstance(e, ast.Constant)]
 
@@ -94,6 +106,18 @@ def redefinitions(path: Path, source: str) -> list[str]:
                 aliased = isinstance(value, (ast.Name, ast.Attribute))
                 if name in CONSTANTS and not aliased:
                     found.append(f"{line}: {name} =")
+                elif name and name.lower().endswith("role") and _is_str(value):
+                    found.append(f"{line}: {name} = {_const(value)!r}")
+        elif isinstance(node, ast.keyword) and node.arg == "role" and _is_str(node.value):
+            found.append(f"{line}: role={_const(node.value)!r}")
+        elif isinstance(node, ast.BoolOp) and any(
+            "role" in (_name(v) or "").lower() for v in node.values
+        ):
+            found.extend(f"{line}: a default role {_const(v)!r}" for v in node.values if _is_str(v))
+        elif isinstance(node, ast.JoinedStr) and any(
+            re.search(r"[?&]role=[a-z0-9_-]", str(_const(v))) for v in node.values
+        ):
+            found.append(f"{line}: a role in a query string")
         elif isinstance(node, ast.Constant) and id(node) not in docs:
             value = node.value
             if value == vocab.ENVD_PORT or (isinstance(value, str) and "49983" in value):
@@ -132,10 +156,17 @@ class ProcessInfo: ...
 def f(state):
     return state in ("closed", "kicked")
 OnTimeout = Literal["pause", "kill"]
+class Panel:
+    role = "panel"
+def attach(options, name, sid):
+    follow(role="sdk")
+    who = options.role or "sdk"
+    return f"/sandboxes/{sid}/stream?name={name}&role=ghost"
 '''
     found = redefinitions(Path("example.py"), source)
     lines = {int(hit.split(":")[1]) for hit in found}
-    assert lines == {4, 5, 6, 7, 8, 9, 11, 12}, found  # all but the docstring and import
+    # All but the docstring (2) and the import; the roles (14, 16, 17, 18) too.
+    assert lines == {4, 5, 6, 7, 8, 9, 11, 12, 14, 16, 17, 18}, found
     # An import, or a name bound to the vocabulary's, is not a definition.
     fine = "from sandboxkit.vocab import STARVED_AFTER\nDEFAULT_PORT = ENVD_PORT\n"
     assert redefinitions(Path("fine.py"), fine) == []

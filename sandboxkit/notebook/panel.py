@@ -57,6 +57,7 @@ from sandboxkit.notebook._frontend import HERE, VendoredWidget, esm
 from sandboxkit.notebook._runtime import AnySandbox
 from sandboxkit.notebook._widget import WidgetBase
 from sandboxkit.providers.base import UnknownGap
+from sandboxkit.vocab import PANEL_ROLE
 
 __all__ = ["DeltaPump", "PanelSnapshot", "PanelState", "ProcessPanel", "TerminalWidget"]
 
@@ -622,7 +623,7 @@ class ProcessPanel(WidgetBase):
     reaches the browser, ``stall_after`` is the STALLED badge's silence (the module
     docstring says how); ``cursor`` where to start, ``rows`` the terminal's height."""
 
-    role = "panel"
+    role = PANEL_ROLE
     """The consumer role this panel's stream announces to the daemon."""
 
     def __init__(

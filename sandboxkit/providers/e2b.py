@@ -89,7 +89,13 @@ from sandboxkit.errors import (
     SandboxNotFound,
 )
 from sandboxkit.providers.base import ProviderUnsupported, UnknownGap
-from sandboxkit.vocab import ENVD_PORT, ProcessSpecInfo, ProcessState, SandboxState
+from sandboxkit.vocab import (
+    DEFAULT_ROLE,
+    ENVD_PORT,
+    ProcessSpecInfo,
+    ProcessState,
+    SandboxState,
+)
 
 __all__ = [
     "DEFAULT_ENVD_URL",
@@ -322,7 +328,7 @@ class _Reader:
         self.log = plog
         self.pid = plog.pid
         self.consumer_id = f"e2b-reader-{next(self._ids)}"
-        self.role = options.role or "sdk"
+        self.role = options.role or DEFAULT_ROLE
         self._cursor = plog.first if cursor is None else max(0, int(cursor))
         self._reattach = cursor is not None
         self.on_stdout, self.on_stderr = options.on_stdout, options.on_stderr
