@@ -30,6 +30,7 @@ from test_browser import _require_browser_stack
 from sandboxkit.notebook._frontend import FrontendLibraries, libraries
 from sandboxkit.notebook.charts import ChartWidget
 from sandboxkit.notebook.panel import PanelState, TerminalWidget
+from sandboxkit.vocab import FINAL_CONSUMER_STATES, STATE_COLORS
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, Page
@@ -179,7 +180,14 @@ def chart_snapshot(view: str, tracks: dict[str, tuple[str, str, list[list[Any]]]
 
 
 def mount_chart(page: Page, width: int, kind: str = "backpressure") -> str:
-    props = {"kind": kind, "title": "lag of process 42", "height": 220}
+    props = {
+        "kind": kind,
+        "title": "lag of process 42",
+        "height": 220,
+        # As the kernel sends them (sandboxkit/vocab.py).
+        "state_colors": dict(STATE_COLORS),
+        "final_states": sorted(FINAL_CONSUMER_STATES),
+    }
     mount(page, ChartWidget, props, width)
     return hello_view(page)
 

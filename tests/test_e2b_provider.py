@@ -245,6 +245,11 @@ def test_debug_mode_pause_is_a_typed_error_that_changes_nothing(sbx: Sandbox) ->
     assert sbx.commands.run("echo still").stdout == "still\n"
 
 
+def test_an_e2b_sandbox_says_its_output_reaches_this_client_only(sbx: Sandbox) -> None:
+    assert sbx.info.fanout == "e2b"
+    assert sbx.get_info().fanout == "e2b"  # refreshing its state keeps what it is
+
+
 async def test_async_provider_restart_and_client_side_journal(envd_url: str) -> None:
     sbx = await AsyncSandbox.create(provider="e2b", url=envd_url)
     try:

@@ -21,6 +21,7 @@ from sandboxkit.cli.find_daemon import state_path
 from sandboxkit.cli.options import add_command, add_state_file
 from sandboxkit.daemon.config import DaemonConfig
 from sandboxkit.statefile import read_state, remove_state
+from sandboxkit.vocab import ENVD_PORT
 
 __all__ = ["CONFIG_OPTIONS", "add_serve", "add_stop"]
 
@@ -147,11 +148,11 @@ def add_serve(sub: Any, config: DaemonConfig) -> None:
         "--envd",
         type=int,
         nargs="?",
-        const=49983,
+        const=ENVD_PORT,
         default=None,
         metavar="PORT",
         help="also serve an envd-compatible endpoint for the official e2b SDK in debug mode, "
-        "and E2B's control plane under /api for the SDK outside it (default port 49983, "
+        f"and E2B's control plane under /api for the SDK outside it (default port {ENVD_PORT}, "
         "envd's; 0: any free one); see docs/e2b.md",
     )
     for name, text in CONFIG_OPTIONS.items():

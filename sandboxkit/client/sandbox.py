@@ -26,6 +26,7 @@ from sandboxkit.errors import (
 )
 from sandboxkit.lab_options import LabOptions
 from sandboxkit.limits import Limits, to_limits
+from sandboxkit.vocab import DEFAULT_SANDBOX_TIMEOUT, OnTimeout
 
 if TYPE_CHECKING:
     # Imported where a frame is built: pandas takes about a second to import, which every
@@ -57,8 +58,9 @@ def sandboxes_of_this_process() -> frozenset[str]:
 
 _KILL_DRAIN = 2.0
 
-DEFAULT_TIMEOUT = 300.0
-"""Seconds a sandbox lives unused (no request, no attached stream) — E2B's default."""
+DEFAULT_TIMEOUT = DEFAULT_SANDBOX_TIMEOUT
+"""Seconds a sandbox lives unused (no request, no attached stream) — E2B's default
+(:data:`sandboxkit.vocab.DEFAULT_SANDBOX_TIMEOUT`)."""
 
 _EVENT_COLUMNS = ["seq", "time", "kind", "sandbox_id", "pid", "reason", "data"]
 _CONSUMER_COLUMNS = [
@@ -135,7 +137,7 @@ class AsyncSandbox:
     async def create(
         cls,
         timeout: float | None = DEFAULT_TIMEOUT,
-        on_timeout: Literal["pause", "kill"] = "kill",
+        on_timeout: OnTimeout = "kill",
         auto_resume: bool = False,
         *,
         envs: dict[str, str] | None = None,

@@ -27,6 +27,7 @@ from sandboxkit.client.sandbox import DEFAULT_TIMEOUT, AsyncSandbox
 from sandboxkit.client.stdin import StdinSession
 from sandboxkit.lab_options import LabOptions
 from sandboxkit.limits import Limits
+from sandboxkit.vocab import OnTimeout
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -370,7 +371,7 @@ class Sandbox:
     def create(
         cls,
         timeout: float | None = DEFAULT_TIMEOUT,
-        on_timeout: Literal["pause", "kill"] = "kill",
+        on_timeout: OnTimeout = "kill",
         auto_resume: bool = False,
         *,
         envs: dict[str, str] | None = None,

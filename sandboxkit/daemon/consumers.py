@@ -6,10 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import re
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from sandboxkit._compat import within
 from sandboxkit.daemon import heap
@@ -18,6 +17,14 @@ from sandboxkit.daemon.events import EventJournal
 from sandboxkit.daemon.fanout import Fanout, Feed
 from sandboxkit.daemon.output_log import Chunk, Gap, OutputLog
 from sandboxkit.errors import ConsumerKicked, InvalidArgument, SandboxkitError
+from sandboxkit.vocab import (
+    BLOCKED_AFTER,
+    CONSUMER_STATES,
+    DEFAULT_ROLE,
+    ROLE_PATTERN,
+    STARVED_AFTER,
+    ConsumerState,
+)
 from sandboxkit.wire import FrameKind, encode_frame
 
 __all__ = [
@@ -34,33 +41,6 @@ __all__ = [
     "StreamSource",
     "check_role",
 ]
-
-ConsumerState = Literal["streaming", "blocked", "starved", "kicked", "closed"]
-
-CONSUMER_STATES: dict[str, str] = {
-    "streaming": "attached and keeping up: its sends complete, or there is nothing to send",
-    "blocked": "its transport takes no more bytes: its own send has not completed for a "
-    "while, or its peer's receive window has stayed full (a stopped or frozen client), even "
-    "if the server's buffers still take its sends",
-    "starved": "output it has not received has been waiting for a while, yet it is not "
-    "sending: something else holds its data back (under the lab's blocking and kick "
-    "policies, the shared loop stuck on another consumer)",
-    "kicked": "closed by the daemon because it made no progress; its lag is frozen at the kick",
-    "closed": "detached (the client left or the output ended); its lag is frozen at close",
-}
-"""Every consumer state and what it means (documented in the OpenAPI document too)."""
-
-BLOCKED_AFTER = 0.2
-"""A send that has not completed after this many seconds shows the consumer as blocked."""
-
-STARVED_AFTER = 0.2
-"""Output pending this many seconds while the consumer is not sending shows it as starved."""
-
-DEFAULT_ROLE = "sdk"
-"""The role of a consumer whose client did not name one."""
-
-ROLE_PATTERN = re.compile(r"[a-z0-9_-]{1,32}")
-"""A role is a short label the client chooses (``panel``, ``sdk``, ``chart``, ...)."""
 
 
 def check_role(role: str | None) -> str:

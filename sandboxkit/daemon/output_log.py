@@ -12,7 +12,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
 from sandboxkit.daemon import heap
 from sandboxkit.daemon.segment_store import (
@@ -22,6 +22,7 @@ from sandboxkit.daemon.segment_store import (
     SegmentDamaged,
     SegmentStore,
 )
+from sandboxkit.vocab import LogStorage
 from sandboxkit.wire import FrameKind, encode_frame_head
 
 __all__ = [
@@ -33,8 +34,6 @@ __all__ = [
     "OnDegraded",
     "OutputLog",
 ]
-
-LogStorage = Literal["disk", "memory"]
 
 OnDegraded = Callable[[str, OSError], None]
 """Told when the log loses output to the disk: ``(reason, error)``; ``reason`` is

@@ -8,7 +8,7 @@ import signal
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from sandboxkit.daemon.config import DaemonConfig
 from sandboxkit.daemon.events import EventJournal
@@ -29,11 +29,9 @@ from sandboxkit.errors import (
     WorkdirMissing,
 )
 from sandboxkit.lab_options import LabOptions
+from sandboxkit.vocab import OnTimeout, SandboxState
 
 __all__ = ["ManagedSandbox", "OnTimeout", "SandboxState"]
-
-SandboxState = Literal["running", "paused", "killed"]
-OnTimeout = Literal["pause", "kill"]
 
 
 class ManagedSandbox:

@@ -19,13 +19,22 @@ import msgspec.inspect
 from msgspec import Meta, Struct
 
 from sandboxkit.errors import DAEMON_ERROR_TABLE, InvalidArgument, MalformedFrame
-from sandboxkit.lab_options import FanoutPolicy, LabOptions
+from sandboxkit.lab_options import LabOptions
 from sandboxkit.limits import Limits
+from sandboxkit.vocab import (
+    ROLE_PATTERN,
+    ConsumerState,
+    OnTimeout,
+    ProcessInfo,
+    ProcessSpecInfo,
+    SandboxInfo,
+)
 
 __all__ = [
     "ERROR_SCHEMA",
     "REQUEST_MODELS",
     "RESPONSE_MODELS",
+    "SENT_IN_FULL",
     "ConsumerRow",
     "CreateSandbox",
     "EventRow",
@@ -42,6 +51,7 @@ __all__ = [
     "decode_body",
     "decode_query",
     "encode_json",
+    "require_sent_fields",
 ]
 
 # -- bounds --------------------------------------------------------------------------------
@@ -68,7 +78,7 @@ EnvValue = Annotated[str, Meta(max_length=MAX_ARG, pattern=_NO_NUL)]
 Envs = Annotated[dict[EnvKey, EnvValue], Meta(max_length=MAX_ENVS)]
 Label = Annotated[str, Meta(max_length=256)]
 Count = Annotated[int, Meta(ge=0, le=MAX_INT)]
-Role = Annotated[str, Meta(pattern=r"^[a-z0-9_-]{1,32}$")]
+Role = Annotated[str, Meta(pattern=f"^{ROLE_PATTERN.pattern}$")]
 
 
 # -- requests ------------------------------------------------------------------------------
@@ -79,7 +89,7 @@ class CreateSandbox(Struct, forbid_unknown_fields=True, omit_defaults=True):
 
     envs: Envs = {}
     timeout: Seconds | None = None
-    on_timeout: Literal["pause", "kill"] = "pause"
+    on_timeout: OnTimeout = "pause"
     auto_resume: bool = False
     metadata: Annotated[
         dict[Label, Annotated[str, Meta(max_length=64 * 1024)]], Meta(max_length=MAX_METADATA)
@@ -144,6 +154,9 @@ class EventsQuery(Struct):
 REQUEST_MODELS: tuple[type[Struct], ...] = (CreateSandbox, SetTimeout, StartProcess, StdinBatch)
 
 # -- responses (documentation and tests: the daemon's views are plain dicts) --------------
+#
+# SandboxInfo and ProcessInfo are the shared vocabulary's (sandboxkit/vocab.py): the client
+# decodes the daemon's answers with the same structs.
 
 
 class IsolationSupport(Struct):
@@ -170,81 +183,7 @@ class Health(Struct):
     """The sequence number of the next event: where a reader of ``/events`` starts."""
 
 
-class SandboxInfo(Struct):
-    sandbox_id: str
-    state: Literal["running", "paused", "killed"]
-    workdir: str
-    envs: dict[str, str]
-    timeout: float | None
-    on_timeout: Literal["pause", "kill"]
-    auto_resume: bool
-    metadata: dict[str, str]
-    fanout: FanoutPolicy
-    """The fan-out policy of its processes: ``cursor`` unless the lab set another."""
-    lab: LabOptions | None
-    """The fault-lab options in force (every field set), or ``null``."""
-    created_at: float
-    killed_at: float | None
-    freezer: str
-    processes: int
-    isolation: Literal["namespaces", "none"]
-    """What holds for its processes: ``namespaces`` or ``none``."""
-    isolation_reason: str
-    """What the host lacks, when ``auto`` gave ``none`` (empty otherwise)."""
-    allow_internet_access: bool
-    limits: dict[str, float]
-    """The limits asked for (sizes in bytes)."""
-    limits_enforced: dict[str, Literal["cgroup", "cgroup-v1", "rlimit", "none"]]
-    """How each limit holds on this host (``sandboxkit/daemon/limits.py``)."""
-    state_seq: int
-    """Counts the sandbox's lifecycle transitions (pause, resume, kill); streams carry it in
-    their state frames, so a view can tell a state sent before its action from one after."""
-
-
-class ProcessSpecInfo(Struct):
-    cmd: str | None
-    argv: list[str] | None
-    cwd: str | None
-    envs: dict[str, str]
-    pty: bool
-    timeout: float | None
-    tag: str | None
-
-
-class ProcessInfo(Struct):
-    pid: int
-    sandbox_id: str
-    spec: ProcessSpecInfo
-    state: Literal["running", "paused", "exited"]
-    exit_code: int | None
-    started_at: float
-    ended_at: float | None
-    kill_reason: str | None
-    restarted_from: int | None
-    restarted_to: int | None
-    head: int
-    first_seq: int
-    total_bytes: int
-    evicted_bytes: int
-    log_storage: Literal["disk", "memory"]
-    """Where the output log is kept: ``disk`` (segment files, the newest output cached in
-    memory), or ``memory`` (the disk refused: see ``log_error`` and the
-    ``process.log_degraded`` event)."""
-    log_retention_bytes: int
-    """The retention in force: the daemon's ``retention_bytes``, or its output cache size
-    once the log fell back to memory."""
-    log_error: str | None
-    """Why the log stopped writing to disk, if it did."""
-    consumers: int
-    stdin_buffered: int
-    """Stdin bytes waiting in the daemon for the process to read them."""
-    stdin_limit: int
-    """Past this many waiting bytes, a batch waits, then gets 429 ``stdin_busy``."""
-    stdin_sessions: int
-    """Stdin writer sessions remembered (each for its lifetime, for exactly-once)."""
-
-
-class KilledProcess(ProcessInfo):
+class KilledProcess(ProcessInfo, frozen=True, kw_only=True):
     killed: bool
 
 
@@ -276,7 +215,7 @@ class ConsumerRow(Struct):
     lag_bytes: int
     bytes_sent: int
     frames_sent: int
-    state: Literal["streaming", "blocked", "starved", "kicked", "closed"]
+    state: ConsumerState
     blocked_since: float | None
     starved_since: float | None
     last_send: float | None
@@ -304,6 +243,25 @@ RESPONSE_MODELS: tuple[type[Any], ...] = (
     ConsumerRow,
     EventRow,
 )
+
+SENT_IN_FULL: tuple[type[Struct], ...] = (SandboxInfo, ProcessInfo, KilledProcess, ProcessSpecInfo)
+"""Responses the daemon always sends every field of. The shared structs give some fields
+defaults, for describers that cannot know them (the E2B provider); the daemon's own
+document says they are all there."""
+
+
+def require_sent_fields(components: dict[str, Any]) -> None:
+    """Mark every field of :data:`SENT_IN_FULL` required (and without a default) in the
+    OpenAPI ``components`` that ``msgspec.json.schema_components`` generated."""
+    for model in SENT_IN_FULL:
+        schema = components.get(model.__name__)
+        if schema is None:
+            continue
+        properties: dict[str, Any] = schema.get("properties", {})
+        schema["required"] = list(properties)
+        for name, prop in properties.items():
+            properties[name] = {k: v for k, v in prop.items() if k != "default"}
+
 
 ERROR_SCHEMA: dict[str, Any] = {
     "type": "object",

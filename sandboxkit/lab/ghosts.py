@@ -28,13 +28,14 @@ import sys
 from urllib.parse import urlsplit
 
 from sandboxkit.lab_options import GHOST_BUFFER, GHOST_KINDS
+from sandboxkit.vocab import GHOST_ROLE
 
 __all__ = ["GHOST_KINDS", "FrozenClient", "Ghost", "LeakyClient", "make_ghost"]
 
 
 def _request(url: str, token: str | None, sandbox_id: str, pid: int, name: str) -> bytes:
     # role=ghost: consumer metrics (and the notebook's chart) tell the lab's ghosts apart.
-    path = f"/sandboxes/{sandbox_id}/processes/{pid}/stream?name={name}&role=ghost"
+    path = f"/sandboxes/{sandbox_id}/processes/{pid}/stream?name={name}&role={GHOST_ROLE}"
     auth = f"Authorization: Bearer {token}\r\n" if token else ""
     host = urlsplit(url).netloc
     return f"GET {path} HTTP/1.1\r\nHost: {host}\r\n{auth}\r\n".encode()

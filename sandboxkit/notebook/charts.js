@@ -8,10 +8,10 @@
 // Timeline:      {type: "events" | "snapshot", now, markers, pauses, stalls}
 // To the kernel: {type: "hello", view}  (a (re)rendered view asks for a snapshot)
 
-const STATE_COLORS = {
-  streaming: "#2ca02c", starved: "#e6ab02", blocked: "#ff7f0e", kicked: "#d62728",
-  closed: "#9e9e9e",
-};
+// Each consumer state's colour, and which states are final, come from the kernel (the
+// widget's `state_colors` and `final_states`: sandboxkit/vocab.py's STATE_COLORS and
+// FINAL_CONSUMER_STATES); a state without a colour is drawn in UNKNOWN_STATE.
+const UNKNOWN_STATE = "#1f77b4";
 const ROWS = ["stalls", "consumers", "processes", "paused"];
 
 function el(tag, cls, text) {
@@ -47,6 +47,8 @@ const STRIP_GAP = 1;
 function isGhost(label) { return /^ghost\b/.test(label); }
 
 function backpressure(uPlot, root, model, height, widthOf) {
+  const stateColor = (st) => (model.get("state_colors") || {})[st] || UNKNOWN_STATE;
+  const isFinal = (st) => (model.get("final_states") || []).includes(st);
   const clock = kernelClock();
   let window_ = 120;
   let samples = []; // [{t, lags, states}]
@@ -104,7 +106,7 @@ function backpressure(uPlot, root, model, height, widthOf) {
     xs.push(Math.max(now, xs.length ? xs[xs.length - 1] : 0));
     order.forEach((cid, i) => {
       const st = lastState.get(cid);
-      const open = st && st !== "closed" && st !== "kicked";
+      const open = st && !isFinal(st);
       const last = ys[i].length ? ys[i][ys[i].length - 1] : null;
       ys[i].push(open ? last : null); // an open consumer's line reaches "now"; a closed one stops
     });
@@ -137,7 +139,7 @@ function backpressure(uPlot, root, model, height, widthOf) {
           const x0 = Math.max(left, u.valToPos(prev.t, "x", true));
           const x1 = Math.min(left + width, u.valToPos(s.t, "x", true));
           if (x1 > x0) {
-            ctx.fillStyle = STATE_COLORS[prev.states[cid]] || "#1f77b4";
+            ctx.fillStyle = stateColor(prev.states[cid]);
             ctx.fillRect(x0, y, x1 - x0, strip);
           }
         }
@@ -169,7 +171,7 @@ function backpressure(uPlot, root, model, height, widthOf) {
       sw.classList.toggle("sandboxkit-chart-dashed", isGhost(labels.get(cid).label));
       const st = lastState.get(cid) || "streaming";
       const badge = el("span", "sandboxkit-chart-state", st);
-      badge.style.background = STATE_COLORS[st] || "#1f77b4";
+      badge.style.background = stateColor(st);
       badge.dataset.state = st;
       item.append(sw, el("span", "sandboxkit-chart-label", labels.get(cid).label), badge);
       item.dataset.consumer = cid;

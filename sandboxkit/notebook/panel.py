@@ -65,6 +65,7 @@ from sandboxkit.notebook.panel_state import (
     PanelState,
 )
 from sandboxkit.providers.base import UnknownGap
+from sandboxkit.vocab import PANEL_ROLE
 
 __all__ = ["DeltaPump", "PanelSnapshot", "PanelState", "ProcessPanel", "TerminalWidget"]
 
@@ -136,7 +137,7 @@ class ProcessPanel(WidgetBase):
     reaches the browser, ``stall_after`` is the STALLED badge's silence (the module
     docstring says how); ``cursor`` where to start, ``rows`` the terminal's height."""
 
-    role = "panel"
+    role = PANEL_ROLE
     """The consumer role this panel's stream announces to the daemon."""
 
     def __init__(

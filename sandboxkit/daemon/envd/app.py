@@ -51,11 +51,12 @@ from sandboxkit.daemon.host import Host
 from sandboxkit.daemon.listen import bind_or_say
 from sandboxkit.daemon.sandbox import ManagedSandbox
 from sandboxkit.errors import SandboxkitError
+from sandboxkit.vocab import ENVD_PORT
 
 __all__ = ["DEFAULT_PORT", "EnvdServer", "create_envd_app"]
 
-DEFAULT_PORT = 49983
-"""envd's port: the e2b SDK in debug mode connects to ``localhost:49983`` by default."""
+DEFAULT_PORT = ENVD_PORT
+"""envd's port (:data:`sandboxkit.vocab.ENVD_PORT`)."""
 
 
 class _Sandboxes:

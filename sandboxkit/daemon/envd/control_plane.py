@@ -56,6 +56,7 @@ from sandboxkit.errors import (
     SandboxkitError,
     SandboxNotFound,
 )
+from sandboxkit.vocab import DEFAULT_SANDBOX_TIMEOUT
 
 __all__ = [
     "API_PREFIX",
@@ -73,8 +74,9 @@ ENVD_VERSION = "0.6.4"
 """The envd version reported: the newest whose behaviour this SDK gates on
 (``e2b.envd.versions``); the endpoint serves what the SDK does at that version."""
 
-DEFAULT_TIMEOUT = 300
-"""Seconds, when a create names no timeout (the SDK's own default)."""
+DEFAULT_TIMEOUT = DEFAULT_SANDBOX_TIMEOUT
+"""Seconds, when a create names no timeout (the SDK's own default, and the Python
+client's: :data:`sandboxkit.vocab.DEFAULT_SANDBOX_TIMEOUT`)."""
 
 MAX_BODY = 256 * 1024
 _SANDBOX_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")

@@ -46,6 +46,7 @@ from sandboxkit.daemon.host import Host
 from sandboxkit.daemon.process import ManagedProcess, ProcessSpec
 from sandboxkit.daemon.sandbox import ManagedSandbox
 from sandboxkit.errors import SandboxkitError
+from sandboxkit.vocab import ENVD_ROLE
 from sandboxkit.wire import Frame, FrameDecoder, FrameKind
 
 __all__ = ["ProcessService", "RpcService"]
@@ -54,7 +55,7 @@ T = TypeVar("T")
 SandboxLookup = Callable[[Request, bool], Awaitable[ManagedSandbox]]
 """Finds the sandbox a request is for (``True``: it must be running)."""
 
-ROLE = "e2b"
+ROLE = ENVD_ROLE
 """The consumer role of envd streams, as panels and metrics show it."""
 
 _SIGNALS = {

@@ -12,7 +12,7 @@ import msgspec
 from sandboxkit._version import __version__
 from sandboxkit.daemon.http.endpoint import Endpoint
 from sandboxkit.daemon.http.parsing import MAX_PID
-from sandboxkit.daemon.schema import ERROR_SCHEMA
+from sandboxkit.daemon.schema import ERROR_SCHEMA, require_sent_fields
 from sandboxkit.wire import CONTENT_TYPE
 
 __all__ = ["openapi"]
@@ -40,6 +40,7 @@ def openapi(endpoints: Sequence[Endpoint]) -> dict[str, Any]:
                 models.append(model)
     schemas, components = msgspec.json.schema_components(models, ref_template=_REF)
     refs = dict(zip(map(repr, models), schemas, strict=True))
+    require_sent_fields(components)
     components["Error"] = ERROR_SCHEMA
     paths: dict[str, dict[str, Any]] = {}
     for ep in endpoints:

@@ -9,6 +9,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from sandboxkit.vocab import ProcessState
+
 if TYPE_CHECKING:
     from sandboxkit.providers.e2b.reader import Reader
     from sandboxkit.providers.e2b.tap import Tap
@@ -120,5 +122,5 @@ class ProcessLog:
         self.ended_at = time.time()
         self._notify()
 
-    def state(self) -> str:
+    def state(self) -> ProcessState:
         return "exited" if self.ended else "running"

@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 import builtins
-import dataclasses
 from typing import Any
 
 import e2b
+import msgspec
 
 from sandboxkit.client.provider import CreateOptions
 from sandboxkit.client.results import SandboxInfo
@@ -16,6 +16,7 @@ from sandboxkit.errors import ProviderUnsupported, SandboxNotFound
 from sandboxkit.providers.e2b.sandbox import E2BSandbox
 from sandboxkit.providers.e2b.session import E2BSession
 from sandboxkit.providers.e2b.target import DEBUG_SANDBOXES, DEFAULT_LOG_BYTES, Target
+from sandboxkit.vocab import SandboxState
 
 __all__ = ["E2BProvider"]
 
@@ -74,7 +75,7 @@ class E2BProvider:
             keep_bytes=keep_bytes,
         )
         if lifecycle is not None:
-            session.info = dataclasses.replace(
+            session.info = msgspec.structs.replace(
                 session.info, on_timeout="pause", auto_resume=options.auto_resume
             )
         session.journal.record("sandbox.created", data={"debug": target.debug})
@@ -104,7 +105,7 @@ class E2BProvider:
         """Your E2B sandboxes (cloud), or the debug sandboxes made in this process."""
         target = Target.resolve(url, token, options)
         if target.debug:
-            return [_info(sid, "running", 0.0, {}, debug=True) for sid in DEBUG_SANDBOXES.ids()]
+            return [_info(sid, "running", 0.0, {}) for sid in DEBUG_SANDBOXES.ids()]
         paginator = e2b.AsyncSandbox.list(**target.options)
         infos: builtins.list[SandboxInfo] = []
         while paginator.has_next:
@@ -116,14 +117,13 @@ class E2BProvider:
                         "paused" if state == "paused" else "running",
                         item.started_at.timestamp(),
                         dict(item.metadata or {}),
-                        debug=False,
                     )
                 )
         return infos
 
 
 def _info(
-    sandbox_id: str, state: str, created_at: float, metadata: dict[str, str], *, debug: bool
+    sandbox_id: str, state: SandboxState, created_at: float, metadata: dict[str, str]
 ) -> SandboxInfo:
     return SandboxInfo(
         sandbox_id=sandbox_id,
@@ -135,5 +135,4 @@ def _info(
         processes=0,
         metadata=metadata,
         fanout="e2b",
-        raw={"provider": "e2b", "fanout": "e2b", "debug": debug},
     )

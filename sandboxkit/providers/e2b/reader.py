@@ -15,6 +15,7 @@ from sandboxkit.client.results import CommandResult
 from sandboxkit.client.stream import GapInfo, StreamStats, UnknownGap
 from sandboxkit.errors import OutputGap, OutputIncomplete
 from sandboxkit.providers.e2b.log import ProcessLog
+from sandboxkit.vocab import DEFAULT_ROLE
 
 if TYPE_CHECKING:
     from sandboxkit.providers.e2b.session import E2BSession
@@ -39,7 +40,7 @@ class Reader:
         self.log = plog
         self.pid = plog.pid
         self.consumer_id = f"e2b-reader-{next(self._ids)}"
-        self.role = options.role or "sdk"
+        self.role = options.role or DEFAULT_ROLE
         self._cursor = plog.first if cursor is None else max(0, int(cursor))
         self._reattach = cursor is not None
         self.on_stdout, self.on_stderr = options.on_stdout, options.on_stderr

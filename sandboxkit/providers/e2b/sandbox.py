@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import dataclasses
 from typing import Any
+
+import msgspec
 
 from sandboxkit.client.local import Connection
 from sandboxkit.client.results import SandboxInfo
@@ -99,7 +100,7 @@ class E2BSandbox:
         session = self.session
         if not session.debug:
             await session.sdk.set_timeout(max(1, int(timeout)))
-        session.info = dataclasses.replace(session.info, timeout=timeout)
+        session.info = msgspec.structs.replace(session.info, timeout=timeout)
 
     async def kill(self) -> None:
         """Kill the sandbox (cloud). In debug mode, where the SDK cannot kill a sandbox,

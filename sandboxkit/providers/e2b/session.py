@@ -19,6 +19,7 @@ from sandboxkit.providers.e2b.journal import Journal
 from sandboxkit.providers.e2b.log import ProcessLog
 from sandboxkit.providers.e2b.tap import Tap
 from sandboxkit.providers.e2b.target import DEFAULT_LOG_BYTES, Target
+from sandboxkit.vocab import ProcessSpecInfo, SandboxState
 
 __all__ = ["E2BSession", "spec_of"]
 
@@ -68,7 +69,6 @@ class E2BSession:
             processes=0,
             metadata=dict(metadata or {}),
             fanout="e2b",
-            raw={"provider": "e2b", "fanout": "e2b", "debug": target.debug},
         )
         self.logs: dict[int, ProcessLog] = {}
         self.journal = Journal(sandbox_id)
@@ -122,18 +122,10 @@ class E2BSession:
     def process_info(self, plog: ProcessLog) -> ProcessInfo:
         spec = plog.spec
         readers = sum(1 for r in plog.readers if r.closed_at is None)
-        raw = {
-            "pid": plog.pid,
-            "sandbox_id": self.sandbox_id,
-            "spec": {"cmd": spec.get("cmd"), "argv": spec.get("argv")},
-            "state": plog.state(),
-            "source": "client",
-        }
         return ProcessInfo(
             pid=plog.pid,
             sandbox_id=self.sandbox_id,
-            cmd=spec.get("cmd"),
-            argv=spec.get("argv"),
+            spec=ProcessSpecInfo(cmd=spec.get("cmd"), argv=spec.get("argv")),
             state=plog.state(),
             exit_code=plog.exit_code,
             started_at=plog.started_at,
@@ -143,12 +135,11 @@ class E2BSession:
             consumers=readers,
             restarted_from=plog.restarted_from,
             restarted_to=plog.restarted_to,
-            raw=raw,
         )
 
     # -- the sandbox's state ---------------------------------------------------------
 
-    def set_state(self, state: str) -> None:
+    def set_state(self, state: SandboxState) -> None:
         alive = sum(1 for p in self.logs.values() if not p.ended)
         self.info = SandboxInfo(
             sandbox_id=self.sandbox_id,
@@ -159,7 +150,7 @@ class E2BSession:
             created_at=self.info.created_at,
             processes=alive,
             metadata=self.info.metadata,
-            raw=self.info.raw,
+            fanout="e2b",
         )
 
     def cloud_only(self, operation: str) -> None:

@@ -8,6 +8,8 @@ import signal
 from dataclasses import dataclass
 from typing import Any
 
+from sandboxkit.vocab import ENVD_PORT
+
 __all__ = [
     "DEFAULT_ENVD_URL",
     "DEFAULT_LOG_BYTES",
@@ -17,7 +19,7 @@ __all__ = [
     "signal_code",
 ]
 
-DEFAULT_ENVD_URL = "http://localhost:49983"
+DEFAULT_ENVD_URL = f"http://localhost:{ENVD_PORT}"
 """Where the SDK's debug mode finds envd unless told otherwise."""
 
 DEFAULT_LOG_BYTES = 8 * 1024 * 1024
