@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 
 from sandboxkit.client.transport import (
-    DEFAULT_TIMEOUT,
+    CALL_TIMEOUT,
     FrameStream,
     Transport,
     http_options,
@@ -74,7 +74,7 @@ class ApiClient:
         token: str | None,
         *,
         transport: httpx.AsyncBaseTransport | None = None,
-        timeout: httpx.Timeout = DEFAULT_TIMEOUT,
+        timeout: httpx.Timeout = CALL_TIMEOUT,
     ) -> None:
         self.url = url.rstrip("/")
         self.token = token

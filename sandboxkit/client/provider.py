@@ -14,9 +14,10 @@ from __future__ import annotations
 import builtins
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sandboxkit.errors import ProviderUnavailable
+from sandboxkit.vocab import OnTimeout
 
 if TYPE_CHECKING:
     from sandboxkit.client.results import SandboxInfo
@@ -32,7 +33,7 @@ class CreateOptions:
     no equivalent of; none is dropped)."""
 
     timeout: float | None
-    on_timeout: Literal["pause", "kill"]
+    on_timeout: OnTimeout
     auto_resume: bool
     envs: dict[str, str] | None
     metadata: dict[str, str] | None

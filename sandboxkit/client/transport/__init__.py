@@ -17,12 +17,12 @@ from collections.abc import Mapping
 
 import httpx
 
-from sandboxkit.client.transport.base import DEFAULT_TIMEOUT, FrameStream, Transport
+from sandboxkit.client.transport.base import CALL_TIMEOUT, FrameStream, Transport
 from sandboxkit.client.transport.raw import RawTransport
 from sandboxkit.client.transport.via_httpx import LOOPBACK, HttpxTransport, http_options
 
 __all__ = [
-    "DEFAULT_TIMEOUT",
+    "CALL_TIMEOUT",
     "FrameStream",
     "HttpxTransport",
     "RawTransport",

@@ -19,9 +19,9 @@ import httpx
 from sandboxkit.errors import MalformedFrame
 from sandboxkit.wire import Frame, FrameDecoder
 
-__all__ = ["DEFAULT_TIMEOUT", "FrameStream", "Transport"]
+__all__ = ["CALL_TIMEOUT", "FrameStream", "Transport"]
 
-DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=10.0)
+CALL_TIMEOUT = httpx.Timeout(30.0, connect=10.0)
 """A JSON call's bounds: 10 s to connect, 30 s for the whole answer."""
 
 
