@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from sandboxkit.client.transport.base import DEFAULT_TIMEOUT, FrameStream
+from sandboxkit.client.transport.base import CALL_TIMEOUT, FrameStream
 from sandboxkit.errors import DaemonUnavailable, MalformedFrame, SandboxkitError, error_from_wire
 
 __all__ = ["LOOPBACK", "HttpxFrameStream", "HttpxTransport", "http_options"]
@@ -66,7 +66,7 @@ class HttpxTransport:
         self.client = httpx.AsyncClient(
             base_url=url,
             headers=dict(headers),
-            timeout=DEFAULT_TIMEOUT,
+            timeout=CALL_TIMEOUT,
             limits=_LIMITS,
             transport=transport,
             **http_options(url),
