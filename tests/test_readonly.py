@@ -31,7 +31,7 @@ def _readers(
     return [
         sbx.get_info,
         sbx.commands.list,
-        lambda: sbx._call("GET", f"/processes/{pid}"),
+        lambda: sbx.commands.get(pid),
         sbx.events,
         sbx.consumers,
         sbx.raw_events,
