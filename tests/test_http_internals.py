@@ -134,7 +134,7 @@ def test_uvicorns_request_cycle_has_what_the_fast_path_uses(
     for name in ("scope", "more_body", "response_complete"):
         assert hasattr(cycle, name), (
             f"{where}: {kind} has no attribute {name!r}, which "
-            "sandboxkit/daemon/connections.py relies on"
+            "sandboxkit/daemon/http/connections.py relies on"
         )
     transport = cycle.transport
     for name in ("write", "writelines", "is_closing", "close", "get_extra_info"):

@@ -111,3 +111,17 @@ def test_the_providers_reach_into_no_private_member() -> None:
     ]
     assert found == []
     assert private_reach_ins("self._sandbox._e2b.files\n") == ["line 1: self._sandbox._e2b"]
+
+
+MAX_LINES = 600
+"""No module of the package is longer (issue 21): past it, a module holds more than one
+concept, and a newcomer cannot read it in one sitting."""
+
+
+def test_no_module_is_longer_than_600_lines() -> None:
+    long = {
+        str(path.relative_to(PACKAGE.parent)): n
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if (n := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert not long, f"split by concept: {long}"

@@ -6,7 +6,7 @@ about a thousand idle connections from any local process, or about 333 live proc
 the limit ``accept`` fails (the kernel keeps the connection in its backlog, unanswered)
 and a process start fails as if its command were bad. So the daemon raises its soft
 limit to the hard limit when it starts, and keeps a reserve below it: connections that
-would eat into it shed idle ones (:mod:`sandboxkit.daemon.connections`), and a process
+would eat into it shed idle ones (:mod:`sandboxkit.daemon.http.connections`), and a process
 start that would eat into the half of it kept for connections is refused with the
 retryable :class:`~sandboxkit.errors.ResourceExhausted` (HTTP 503) before anything is
 spawned; it succeeds again once descriptors are given back.

@@ -23,11 +23,11 @@ from uvicorn.importer import import_from_string
 
 from sandboxkit._version import __version__
 from sandboxkit.daemon.config import DaemonConfig
-from sandboxkit.daemon.connections import ConnectionGuard, guarded_protocol
 from sandboxkit.daemon.envd import EnvdServer
 from sandboxkit.daemon.fds import FdBudget, raise_fd_limit
 from sandboxkit.daemon.host import Host
 from sandboxkit.daemon.http import create_app
+from sandboxkit.daemon.http.connections import ConnectionGuard, guarded_protocol
 from sandboxkit.daemon.listen import bind_or_say
 from sandboxkit.daemon.tcp_peer import SEND_BUFFER
 from sandboxkit.statefile import DaemonState, remove_state, write_state

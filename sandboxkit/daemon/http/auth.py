@@ -1,6 +1,6 @@
 """Bearer auth: every request without the daemon's token is refused with a typed 401.
 
-(:mod:`sandboxkit.daemon.connections` checks the same token per connection, to close an
+(:mod:`sandboxkit.daemon.http.connections` checks the same token per connection, to close an
 unauthenticated one once answered and to shed those first.)"""
 
 from __future__ import annotations
