@@ -30,6 +30,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from sandboxkit._compat import within
 from sandboxkit._version import __version__
 from sandboxkit.daemon.consumers import CONSUMER_STATES, Consumer
+from sandboxkit.daemon.file_span import FileSpan
 from sandboxkit.daemon.files import FileContent, FileEntry, FileQuery, FilesApi, WriteFile
 from sandboxkit.daemon.host import Host
 from sandboxkit.daemon.process import ProcessSpec, check_exec_size
@@ -53,6 +54,7 @@ from sandboxkit.daemon.schema import (
     decode_query,
     encode_json,
 )
+from sandboxkit.daemon.sendfile_writer import TornSpan, send_span
 from sandboxkit.daemon.tcp_peer import (
     PENDING_BYTES,
     SEND_BUFFER,
@@ -135,7 +137,12 @@ _CYCLE = "sandboxkit.http_cycle"
 
 
 _SELECTOR_TRANSPORT: Any = getattr(selector_events, "_SelectorSocketTransport", ())
-"""asyncio's own socket transport (private, hence looked up: ``()`` matches nothing)."""
+"""asyncio's own socket transport (private, hence looked up: ``()`` matches nothing), and
+uvloop's, which writes its socket the same way (directly while it holds nothing)."""
+with contextlib.suppress(ImportError):
+    import uvloop
+
+    _SELECTOR_TRANSPORT = (_SELECTOR_TRANSPORT, uvloop.loop.TCPTransport)  # type: ignore[attr-defined]
 _IOV_MAX = 1024
 
 
@@ -236,6 +243,27 @@ class _AsgiSink:
                     self._torn = True
                     cycle.transport.close()
                     raise
+
+    async def send_file(self, span: FileSpan) -> None:
+        """Send a span of a segment file as one body chunk, with ``sendfile`` (see
+        :mod:`~sandboxkit.daemon.sendfile_writer`); copied where the socket is not ours
+        to write."""
+        if self._cycle is None or self._fd is None or self._torn:
+            data = span.read()
+            if data is not None:  # (a file shrunk under it: the next read tells the gap)
+                await self.send(data)
+            return
+        await self._writable()
+        try:
+            await send_span(self._fd, span, self._cycle.transport, self._writable)
+        except BaseException as exc:
+            # Cut inside a body chunk (cancelled, or the file shorter than its span):
+            # nothing may follow on this connection; the client reattaches.
+            self._torn = True
+            self._cycle.transport.close()
+            if isinstance(exc, TornSpan):
+                await self._gone.wait()
+            raise
 
     async def _writable(self) -> None:
         """Returns once the connection takes more bytes; waits for the stream to be

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from sandboxkit.daemon.file_span import FileSpan
 from sandboxkit.daemon.output_log import Chunk, Gap, OutputLog
 
 __all__ = ["CursorFanout", "Fanout", "Feed", "Kick", "Pull"]
@@ -32,6 +33,9 @@ class Pull:
     gap: Gap | None = None
     chunks: list[Chunk] = field(default_factory=list)
     ended: bool = False
+    span: FileSpan | None = None
+    """Frames of a segment file to send as they are (after ``gap``; the consumer closes
+    it): what a reader behind the cache of a zero-copy log gets instead of chunks."""
 
 
 class Feed(abc.ABC):
@@ -80,6 +84,9 @@ class _LogFeed(Feed):
 
     async def pull(self, cursor: int, max_bytes: int, timeout: float) -> Pull:
         log = self.log
+        spanned = log.read_span(cursor, max_bytes) if log.zero_copy else None
+        if spanned is not None:
+            return Pull(spanned[0], span=spanned[1])
         gap, chunks = log.read(cursor, max_bytes)
         if gap is None and not chunks:
             if log.ended:

@@ -79,6 +79,12 @@ class Blocks:
             return buffer
         return bytearray(max(size, BLOCK_BYTES + (BLOCK_BYTES >> 2)))
 
+    def give_back(self, buffer: bytearray) -> None:
+        """A buffer :meth:`buffer` gave that was not made a block (taken again only once
+        no view of it is left)."""
+        if len(self._free) < _FREE_BUFFERS:
+            self._free.append(buffer)
+
     def add(self, block: Block) -> None:
         block.store.blocks.append(block)
         self._lru[id(block)] = block

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar, cast
 
+from sandboxkit.daemon.file_span import FileSpan
 from sandboxkit.daemon.segment_blocks import BLOCK_BYTES as _BLOCK_BYTES
 from sandboxkit.daemon.segment_blocks import BLOCKS as _BLOCKS
 from sandboxkit.daemon.segment_blocks import Block as _Block
@@ -164,6 +165,11 @@ class Segment:
     payload: int = 0
     cost: int = 0
     """What retention was charged for its chunks (the log's accounting)."""
+    verified: int = 0
+    """Chunks ``first_seq .. verified - 1`` were read back and found as written (their
+    frames may be sent without another look: :mod:`~sandboxkit.daemon.file_span`)."""
+    pins: int = 0
+    """Spans of its frames file being sent: the file is not written over until none."""
 
     @property
     def end_seq(self) -> int:
@@ -252,7 +258,7 @@ class SegmentStore:
     def _new_segment(self, chunk: StoredChunk) -> Segment:
         self.flush()
         self.close_files()
-        segment = Segment(self._next_number, chunk.seq, chunk.offset)
+        segment = Segment(self._next_number, chunk.seq, chunk.offset, verified=chunk.seq)
         self._next_number += 1
         create = os.O_WRONLY | os.O_CREAT | os.O_EXCL
         path = self._path(segment, ".frames")
@@ -311,13 +317,16 @@ class SegmentStore:
             self._drop_pending()
             self.close_files()
         _BLOCKS.drop(self, before=segment.end_seq)
-        self._retire(self._path(segment, ".frames"))
+        self._retire(segment)
         self._keep_index(segment)
         return segment
 
-    def _retire(self, frames: str) -> None:
+    def _retire(self, segment: Segment) -> None:
+        frames = self._path(segment, ".frames")
         _READERS.forget(frames)
-        if self._spare is None and not self._abandoned:
+        # A file being sent (a span holds it) is unlinked, never written over: the send
+        # goes on with the bytes it was checked to hold.
+        if self._spare is None and not self._abandoned and not segment.pins:
             spare = self._prefix + "spare"
             with contextlib.suppress(OSError):
                 os.rename(frames, spare)
@@ -448,9 +457,10 @@ class SegmentStore:
                 return forgotten[i + 1]
         return None
 
-    def _load(self, segment: Segment, cursor: int, stop: int) -> _Block:
+    def _load(self, segment: Segment, cursor: int, stop: int, *, keep: bool = True) -> _Block:
         """Copy chunks ``cursor ..`` of ``segment`` out of its files and check them
-        (raises :class:`SegmentDamaged` if chunk ``cursor`` fails)."""
+        (raises :class:`SegmentDamaged` if chunk ``cursor`` fails); ``keep``: share the
+        copy with the readers that come by (else it only checked the frames)."""
         end = min(segment.end_seq, stop, cursor + READ_RECORDS)
         raw = self._index(segment, cursor, end)
         records = self._records(segment, cursor, raw, _BLOCK_BYTES)
@@ -476,8 +486,46 @@ class SegmentStore:
             raise SegmentDamaged(segment, f"frame of chunk {cursor}")
         del records[good:]
         block = _Block(self, cursor, records, frames, buffer, len(buffer))
-        _BLOCKS.add(block)
+        if cursor <= segment.verified < block.end_seq:
+            segment.verified = block.end_seq
+        if keep:
+            _BLOCKS.add(block)
         return block
+
+    def span(self, cursor: int, stop: int, max_bytes: int) -> FileSpan | None:
+        """The frames of chunks ``cursor ..`` (before ``stop``, in one segment, about
+        ``max_bytes`` of payload, at least one chunk) as a run of its frames file, checked
+        (``None`` if no retained segment holds ``cursor``). Raises
+        :class:`SegmentDamaged` if chunk ``cursor`` cannot be read back as written, or the
+        file is shorter than its frames (see :mod:`~sandboxkit.daemon.file_span`)."""
+        segment = self._segment_of(cursor, kept=False)
+        if segment is None:
+            return None
+        while segment.verified <= cursor:
+            # Checked once, the first time any reader gets there: one copy for every
+            # reader, not kept (the spans send from the file).
+            block = self._load(segment, segment.verified, segment.end_seq, keep=False)
+            block.frames.release()
+            _BLOCKS.give_back(block.buffer)
+        end = min(segment.verified, stop, cursor + READ_RECORDS)
+        records = self._records(segment, cursor, self._index(segment, cursor, end), max_bytes)
+        if not records:
+            raise SegmentDamaged(segment, f"index record of chunk {cursor}")
+        start = records[0][0]
+        last = records[-1]
+        size = last[0] + last[4] + last[3] - start
+        fd = os.dup(_READERS.fd(self._path(segment, ".frames")))
+        try:
+            if os.fstat(fd).st_size < start + size:
+                raise SegmentDamaged(
+                    segment, f"frames file shorter than chunk {cursor + len(records) - 1}"
+                )
+        except BaseException:
+            os.close(fd)
+            raise
+        segment.pins += 1
+        payload = sum(record[3] for record in records)
+        return FileSpan(fd, start, size, cursor, len(records), payload, last[1] + last[3], segment)
 
     def _block_at(self, seq: int) -> _Block | None:
         for block in reversed(self.blocks):
