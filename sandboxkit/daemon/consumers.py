@@ -355,8 +355,9 @@ class Consumer:
         while True:
             self._waiting = True
             try:
-                # What is read at once is held until sent: within this consumer's share.
-                batch_limit = self._budget.share(self.config.send_batch)
+                # What is read at once is held until sent: within this consumer's share,
+                # and no more than a send takes (a span is one send, see _send).
+                batch_limit = min(self._coalesce, self._budget.share(self.config.send_batch))
                 pulled = await feed.pull(self.cursor, batch_limit, keepalive)
             finally:
                 self._waiting = False

@@ -152,7 +152,7 @@ class OutputLog:
         self._on_degraded = on_degraded
         self._read_ends: OrderedDict[int, int] = OrderedDict()
         self.zero_copy = False
-        """Readers behind the cache may get :meth:`read_span`: set by the owner only
+        """Readers may get :meth:`read_span` (frames in files): set by the owner only
         where no sandboxed process can reach the files (see :mod:`.file_span`)."""
         # Chunks from this seq on live in memory only (every chunk, for a memory log).
         self._memory_from = 0
@@ -269,6 +269,10 @@ class OutputLog:
             self._cache_cost += chunk.frame_size + CHUNK_OVERHEAD
         self._total += len(data)
         self._retained += len(data)
+        if self.zero_copy and chunk.size >= self._coalesce and self._on_disk and files_private():
+            # It can no longer grow: into its file now, for the readers at the head too.
+            self._write_newest()
+            self._flush()
         if self._on_disk:
             self._evict_segments()
             self._trim_cache()
@@ -542,7 +546,7 @@ class OutputLog:
         return gap, chunks
 
     def read_span(self, cursor: int, max_bytes: int) -> tuple[Gap | None, FileSpan] | None:
-        """Like :meth:`read`, for a reader behind the cache of a :attr:`zero_copy` log:
+        """Like :meth:`read`, for a reader of a :attr:`zero_copy` log on disk:
         the frames from ``cursor`` on as a span of a segment file, to be sent as they
         are; ``None`` where :meth:`read` is the way (in the cache, in memory)."""
         store = self._store
@@ -554,10 +558,11 @@ class OutputLog:
                 cursor, self._first_seq, self.offset_of(self._first_seq) - self.offset_of(cursor)
             )
             cursor = self._first_seq
-        if cursor >= self._cache_first:
+        # Whatever is in its file, cached too: memory and disk then cost a reader alike.
+        if cursor >= store.flushed:
             return None
         try:
-            span = store.span(cursor, self._cache_first, max_bytes)
+            span = store.span(cursor, store.flushed, max_bytes)
         except SegmentDamaged as exc:  # as in read: that segment and older ones are a gap
             self._give_up(exc.segment, exc)
             return self.read_span(asked, max_bytes)

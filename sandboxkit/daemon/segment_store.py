@@ -504,7 +504,7 @@ class SegmentStore:
         while segment.verified <= cursor:
             # Checked once, the first time any reader gets there: one copy for every
             # reader, not kept (the spans send from the file).
-            block = self._load(segment, segment.verified, segment.end_seq, keep=False)
+            block = self._load(segment, segment.verified, stop, keep=False)
             block.frames.release()
             _BLOCKS.give_back(block.buffer)
         end = min(segment.verified, stop, cursor + READ_RECORDS)
