@@ -44,7 +44,7 @@ def _log(tmp_path: Path, *, retention: int = 4 << 20, segment: int = 256 << 10) 
         cache_bytes=128 << 10,
         segment_bytes=segment,
     )
-    log.zero_copy = True
+    log.zero_copy = file_span.files_private
     return log
 
 
@@ -105,11 +105,19 @@ def test_behind_the_cache_a_reader_gets_spans_of_the_files_exact_frames(
 
 
 def test_not_zero_copy_where_a_sandbox_could_reach_the_files(tmp_path: Path) -> None:
+    assert file_span.zero_copy_check("auto", isolated=False) is None
+    assert file_span.zero_copy_check("off", isolated=True) is None
+    assert file_span.zero_copy_check("auto", isolated=True) is file_span.files_private
     log = _log(tmp_path)
     _fill(log, 8)
     file_span.unisolated_ran()  # (the suite's sandboxes already did)
     assert log.read_span(0, 1 << 20) is None
     log.close()
+
+
+def test_zero_copy_mode_is_checked() -> None:
+    with pytest.raises(ValueError, match="zero_copy"):
+        DaemonConfig(zero_copy="sometimes")
 
 
 def test_a_segment_shrunk_after_it_was_checked_is_an_exact_gap(
@@ -203,7 +211,7 @@ def test_stream_from_the_files_over_http_is_the_output(
         pid = http.post(f"/sandboxes/{sid}/processes", json=body).json()["pid"]
         process = host.sandboxes[sid].processes[pid]
         monkeypatch.setattr(file_span, "_unisolated", False)
-        process.log.zero_copy = True
+        process.log.zero_copy = file_span.files_private
         log = process.log
         wait_until(lambda: log.ended, 20, "the writer's end")
         decoder = FrameDecoder()

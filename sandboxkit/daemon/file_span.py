@@ -10,15 +10,21 @@ position + size``, sent with ``os.sendfile`` (:mod:`~sandboxkit.daemon.sendfile_
 Why the daemon may send bytes it does not look at, and what happens when the file
 changes anyway:
 
-* The store checks every frame (its CRC, its header) the first time any reader reaches
-  it, with one copy shared by all readers (``Segment.verified``); spans cover checked
-  frames only. After that check, the bytes can change only if someone writes the file,
-  and spans are only made for logs whose files no sandboxed process can reach: a sandbox
-  in its namespaces sees an empty tmpfs where the daemon's runtime directory is
-  (``docs/isolation.md``). A sandbox without isolation runs as the daemon's user and
-  could overwrite a checked frame in place, of its own log or any other's: once one has
-  run (:func:`unisolated_ran`), every log is served by the copy path, which checks
-  every byte it sends (``OutputLog.zero_copy``, :func:`files_private`).
+* Spans are only made for logs whose files no sandboxed process can reach: a sandbox in
+  its namespaces sees an empty tmpfs where the daemon's runtime directory is
+  (``docs/isolation.md``). What is left is the disk: the store checks every frame (its
+  CRC, its header) the first time a reader reaches it after it left the log's memory
+  cache, with one copy shared by all readers (``Segment.verified``), before any span
+  covers it. A frame still in the cache was written moments ago by the daemon, which
+  still holds its bytes, to a file no one else writes: it is sent unchecked (reading it
+  back to check it cost as much as the copy that ``sendfile`` saves, and readers that
+  keep up would pay it for nothing). After the check, the bytes can change only if
+  someone writes the file, which no one can. A sandbox without isolation runs as the
+  daemon's user and could overwrite a checked frame in place, of its own log or any
+  other's: once one has run (:func:`unisolated_ran`), every log is served by the copy
+  path, which checks every byte it sends (``OutputLog.zero_copy``,
+  :func:`files_private`), unless the operator vouches for every sandbox's code
+  (``DaemonConfig.zero_copy = "on"``).
 * A span holds its own descriptor of the file (:attr:`fd`, a ``dup``), so the segment
   may be evicted while it is being sent: the store then unlinks the file instead of
   writing the next segment over it (``Segment.pins``), and the span goes on reading the
@@ -34,10 +40,23 @@ changes anyway:
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["FileSpan", "Pin", "files_private", "unisolated_ran"]
+__all__ = [
+    "ZERO_COPY_MODES",
+    "FileSpan",
+    "Pin",
+    "files_private",
+    "unisolated_ran",
+    "zero_copy_check",
+]
+
+ZERO_COPY_MODES = ("auto", "on", "off")
+"""``DaemonConfig.zero_copy``: ``auto`` (the logs of isolated sandboxes, while no
+sandbox without isolation ever ran in the daemon), ``on`` (every log: for a daemon
+whose sandboxes all run trusted code) or ``off``."""
 
 _unisolated = False
 
@@ -54,6 +73,18 @@ def files_private() -> bool:
     """No sandboxed process of this daemon process ever ran where it could reach the
     segment files (every one in its namespaces)."""
     return not _unisolated
+
+
+def _trusted() -> bool:
+    return True
+
+
+def zero_copy_check(mode: str, isolated: bool) -> Callable[[], bool] | None:
+    """What a log's ``zero_copy`` is, for a process of a sandbox (``isolated`` or not)
+    under the daemon's ``zero_copy`` mode (:data:`ZERO_COPY_MODES`)."""
+    if mode == "on":
+        return _trusted
+    return files_private if mode == "auto" and isolated else None
 
 
 class Pin(Protocol):

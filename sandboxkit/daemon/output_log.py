@@ -14,7 +14,7 @@ from typing import Literal
 
 from sandboxkit.daemon import heap
 from sandboxkit.daemon.chunks import CHUNK_OVERHEAD, Chunk, Gap
-from sandboxkit.daemon.file_span import FileSpan, files_private
+from sandboxkit.daemon.file_span import FileSpan
 from sandboxkit.daemon.log_waiters import Waiters
 from sandboxkit.daemon.segment_store import (
     INDEX_RECORD,
@@ -151,9 +151,9 @@ class OutputLog:
         """Why the log stopped writing to disk, if it did (then it goes on in memory)."""
         self._on_degraded = on_degraded
         self._read_ends: OrderedDict[int, int] = OrderedDict()
-        self.zero_copy = False
-        """Readers may get :meth:`read_span` (frames in files): set by the owner only
-        where no sandboxed process can reach the files (see :mod:`.file_span`)."""
+        self.zero_copy: Callable[[], bool] | None = None
+        """Set by the owner: tells, when asked, whether no sandboxed process can reach
+        the files now; then readers get :meth:`read_span` (see :mod:`.file_span`)."""
         # Chunks from this seq on live in memory only (every chunk, for a memory log).
         self._memory_from = 0
         # On disk: chunks ``head - 1`` and older are in the store once its ``written``
@@ -269,7 +269,7 @@ class OutputLog:
             self._cache_cost += chunk.frame_size + CHUNK_OVERHEAD
         self._total += len(data)
         self._retained += len(data)
-        if self.zero_copy and chunk.size >= self._coalesce and self._on_disk and files_private():
+        if self.zero_copy and chunk.size >= self._coalesce and self._on_disk and self.zero_copy():
             # It can no longer grow: into its file now, for the readers at the head too.
             self._write_newest()
             self._flush()
@@ -550,7 +550,7 @@ class OutputLog:
         the frames from ``cursor`` on as a span of a segment file, to be sent as they
         are; ``None`` where :meth:`read` is the way (in the cache, in memory)."""
         store = self._store
-        if not self.zero_copy or store is None or not self._on_disk or not files_private():
+        if self.zero_copy is None or store is None or not self._on_disk or not self.zero_copy():
             return None
         asked, gap = cursor, None
         if cursor < self._first_seq:
@@ -562,7 +562,7 @@ class OutputLog:
         if cursor >= store.flushed:
             return None
         try:
-            span = store.span(cursor, store.flushed, max_bytes)
+            span = store.span(cursor, store.flushed, max_bytes, self._cache_first)
         except SegmentDamaged as exc:  # as in read: that segment and older ones are a gap
             self._give_up(exc.segment, exc)
             return self.read_span(asked, max_bytes)

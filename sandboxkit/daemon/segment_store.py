@@ -492,22 +492,24 @@ class SegmentStore:
             _BLOCKS.add(block)
         return block
 
-    def span(self, cursor: int, stop: int, max_bytes: int) -> FileSpan | None:
+    def span(self, cursor: int, stop: int, max_bytes: int, fresh: int) -> FileSpan | None:
         """The frames of chunks ``cursor ..`` (before ``stop``, in one segment, about
         ``max_bytes`` of payload, at least one chunk) as a run of its frames file, checked
-        (``None`` if no retained segment holds ``cursor``). Raises
+        unless at or past ``fresh`` (chunks the log still holds in memory, written
+        moments ago: see :mod:`~sandboxkit.daemon.file_span`); ``None`` if no retained
+        segment holds ``cursor``. Raises
         :class:`SegmentDamaged` if chunk ``cursor`` cannot be read back as written, or the
         file is shorter than its frames (see :mod:`~sandboxkit.daemon.file_span`)."""
         segment = self._segment_of(cursor, kept=False)
         if segment is None:
             return None
-        while segment.verified <= cursor:
+        while segment.verified <= cursor < fresh:
             # Checked once, the first time any reader gets there: one copy for every
             # reader, not kept (the spans send from the file).
             block = self._load(segment, segment.verified, stop, keep=False)
             block.frames.release()
             _BLOCKS.give_back(block.buffer)
-        end = min(segment.verified, stop, cursor + READ_RECORDS)
+        end = min(stop if cursor >= fresh else segment.verified, stop, cursor + READ_RECORDS)
         records = self._records(segment, cursor, self._index(segment, cursor, end), max_bytes)
         if not records:
             raise SegmentDamaged(segment, f"index record of chunk {cursor}")
