@@ -172,7 +172,7 @@ def test_a_span_cut_short_by_its_file_raises_torn(tmp_path: Path) -> None:
     os.truncate(path, 50_000)
     a, b = socket.socketpair()
     a.setblocking(False)
-    b.setblocking(False)
+    b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
 
     async def writable() -> None:
         pass
@@ -181,10 +181,13 @@ def test_a_span_cut_short_by_its_file_raises_torn(tmp_path: Path) -> None:
         def write(self, data: bytes) -> None:
             raise AssertionError("the socket pair takes it all")
 
+    writer = sendfile_writer.SpanWriter(a.fileno())
     with pytest.raises(sendfile_writer.TornSpan):
-        asyncio.run(sendfile_writer.send_span(a.fileno(), span, Transport(), writable))
+        asyncio.run(writer.send(span, Transport(), writable))
+    writer.close()
     span.close()
     a.close()
+    assert b.recv(1 << 20).startswith(b"186a0\r\n" + b"x" * 1000), "the size line went first"
     b.close()
 
 

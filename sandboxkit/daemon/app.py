@@ -54,7 +54,7 @@ from sandboxkit.daemon.schema import (
     decode_query,
     encode_json,
 )
-from sandboxkit.daemon.sendfile_writer import TornSpan, send_span
+from sandboxkit.daemon.sendfile_writer import SpanWriter, TornSpan
 from sandboxkit.daemon.tcp_peer import (
     PENDING_BYTES,
     SEND_BUFFER,
@@ -186,6 +186,7 @@ class _AsgiSink:
             transport.set_write_buffer_limits(high=0)
         self._closing = False
         self._torn = False  # a body chunk was cut short (see send_parts)
+        self._spans: SpanWriter | None = None  # made by the first send_file
         self._gone = asyncio.Event()  # never set: waited on until the stream is cancelled
         self.closed = asyncio.Event()
 
@@ -212,8 +213,9 @@ class _AsgiSink:
         if cycle is None or self._torn:
             await self.send(b"".join(parts))
             return
-        # One chunk of the chunked body.
-        chunk = [b"%x\r\n" % size, *parts, b"\r\n"]
+        # One chunk of the chunked body (after what a span left owed: see SpanWriter).
+        owed = self._spans.take_pending() if self._spans is not None else b""
+        chunk = [owed + b"%x\r\n" % size, *parts, b"\r\n"]
         if self._fd is None:
             await self._writable()
             cycle.transport.writelines(chunk)
@@ -254,8 +256,10 @@ class _AsgiSink:
                 await self.send(data)
             return
         await self._writable()
+        if self._spans is None:
+            self._spans = SpanWriter(self._fd)
         try:
-            await send_span(self._fd, span, self._cycle.transport, self._writable)
+            await self._spans.send(span, self._cycle.transport, self._writable)
         except BaseException as exc:
             # Cut inside a body chunk (cancelled, or the file shorter than its span):
             # nothing may follow on this connection; the client reattaches.
@@ -289,6 +293,11 @@ class _AsgiSink:
         if self._closing:
             return
         self._closing = True
+        if self._spans is not None:
+            owed = self._spans.take_pending()
+            self._spans.close()
+            if owed and not self._torn and not self._cycle.transport.is_closing():
+                self._cycle.transport.write(owed)  # (before the body's end, in order)
         if self._torn:
             self.closed.set()
             return

@@ -509,6 +509,9 @@ class Consumer:
                 # Where the send budget binds, the kernel's buffer follows it too.
                 binds = share < self.config.send_batch
                 self._size_buffer(int(min(drained, share) if binds else drained))
+        elif size >= self._coalesce and self._coalesce < self.config.send_batch:
+            # Taken at once: the peer drains fast, the next sends may be larger.
+            self._coalesce = min(self.config.send_batch, 2 * self._coalesce)
         self.bytes_sent += size
         self.frames_sent += frames
         self._largest_send = max(self._largest_send, size)

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 __all__ = [
+    "SPAN_MIN",
     "ZERO_COPY_MODES",
     "FileSpan",
     "Pin",
@@ -52,6 +53,12 @@ __all__ = [
     "unisolated_ran",
     "zero_copy_check",
 ]
+
+SPAN_MIN = 256 * 1024
+"""A reader in the log's memory cache gets a span only for this much output or more:
+``sendfile`` costs the kernel what a copy does for a 64 KiB chunk, and half of it from
+1 MiB on (loopback, measured), while a span costs more Python than chunks: a reader
+that keeps up (a chunk per wake) is served from memory, one behind from the files."""
 
 ZERO_COPY_MODES = ("auto", "on", "off")
 """``DaemonConfig.zero_copy``: ``auto`` (the logs of isolated sandboxes, while no

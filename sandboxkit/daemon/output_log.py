@@ -14,7 +14,7 @@ from typing import Literal
 
 from sandboxkit.daemon import heap
 from sandboxkit.daemon.chunks import CHUNK_OVERHEAD, Chunk, Gap
-from sandboxkit.daemon.file_span import FileSpan
+from sandboxkit.daemon.file_span import SPAN_MIN, FileSpan
 from sandboxkit.daemon.log_waiters import Waiters
 from sandboxkit.daemon.segment_store import (
     INDEX_RECORD,
@@ -504,12 +504,8 @@ class OutputLog:
         If ``cursor`` is behind retention, a :class:`Gap` says what was lost and reading
         starts at the oldest retained chunk.
         """
-        asked = cursor
-        gap = None
-        if cursor < self._first_seq:
-            lost = self.offset_of(self._first_seq) - self.offset_of(cursor)
-            gap = Gap(cursor, self._first_seq, lost)
-            cursor = self._first_seq
+        asked, gap = cursor, self._gap(cursor)
+        cursor = max(cursor, self._first_seq)
         chunks: list[Chunk] = []
         size = 0
         if cursor < self._cache_first and self._store is not None:
@@ -527,7 +523,7 @@ class OutputLog:
                 return self.read(asked, max_bytes)
             if chunks and chunks[-1].seq + 1 < self._cache_first:
                 self._read_horizon = max(self._read_horizon, chunks[-1].seq + 1)
-                self._read_ended(chunks[-1])
+                self._ended_at(chunks[-1].seq + 1, chunks[-1].offset + chunks[-1].size)
                 return gap, chunks
             cursor += len(chunks)
         index = cursor - self._cache_first
@@ -542,24 +538,19 @@ class OutputLog:
         if chunks:
             self._read_horizon = max(self._read_horizon, chunks[-1].seq + 1)
             if self._store is not None:
-                self._read_ended(chunks[-1])
+                self._ended_at(chunks[-1].seq + 1, chunks[-1].offset + chunks[-1].size)
         return gap, chunks
 
     def read_span(self, cursor: int, max_bytes: int) -> tuple[Gap | None, FileSpan] | None:
-        """Like :meth:`read`, for a reader of a :attr:`zero_copy` log on disk:
-        the frames from ``cursor`` on as a span of a segment file, to be sent as they
-        are; ``None`` where :meth:`read` is the way (in the cache, in memory)."""
+        """Like :meth:`read`, for a reader of a :attr:`zero_copy` log on disk: frames
+        from ``cursor`` on as a span of a segment file, sent as they are; ``None`` where
+        :meth:`read` is the way (memory, or little in the cache: :data:`SPAN_MIN`)."""
         store = self._store
         if self.zero_copy is None or store is None or not self._on_disk or not self.zero_copy():
             return None
-        asked, gap = cursor, None
-        if cursor < self._first_seq:
-            gap = Gap(
-                cursor, self._first_seq, self.offset_of(self._first_seq) - self.offset_of(cursor)
-            )
-            cursor = self._first_seq
-        # Whatever is in its file, cached too: memory and disk then cost a reader alike.
-        if cursor >= store.flushed:
+        asked, gap = cursor, self._gap(cursor)
+        cursor = max(cursor, self._first_seq)
+        if cursor >= store.flushed or (cursor >= self._cache_first and self._few(cursor, store)):
             return None
         try:
             span = store.span(cursor, store.flushed, max_bytes, self._cache_first)
@@ -575,8 +566,16 @@ class OutputLog:
         self._ended_at(span.end_seq, span.end_offset)
         return gap, span
 
-    def _read_ended(self, last: Chunk) -> None:
-        self._ended_at(last.seq + 1, last.offset + last.size)
+    def _gap(self, cursor: int) -> Gap | None:
+        if cursor >= (first := self._first_seq):
+            return None
+        return Gap(cursor, first, self.offset_of(first) - self.offset_of(cursor))
+
+    def _few(self, cursor: int, store: SegmentStore) -> bool:
+        # Cached, and less than SPAN_MIN written from the cursor on: the copy is cheaper.
+        cache, first = self._cache, self._cache_first
+        end = cache[store.flushed - first].offset if store.flushed < self._head else self._total
+        return end - cache[cursor - first].offset < SPAN_MIN
 
     def _ended_at(self, seq: int, offset: int) -> None:
         ends = self._read_ends
