@@ -269,10 +269,6 @@ class OutputLog:
             self._cache_cost += chunk.frame_size + CHUNK_OVERHEAD
         self._total += len(data)
         self._retained += len(data)
-        if self.zero_copy and chunk.size >= self._coalesce and self._on_disk and self.zero_copy():
-            # It can no longer grow: into its file now, for the readers at the head too.
-            self._write_newest()
-            self._flush()
         if self._on_disk:
             self._evict_segments()
             self._trim_cache()

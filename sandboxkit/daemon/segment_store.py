@@ -17,13 +17,13 @@ would cost a descriptor per segment, kept for its life). So:
   shrinks it, kills the daemon with ``SIGBUS`` wherever Python touches it (a sender
   joining a frame), and bytes checked in a shared mapping can change after the check.
   Reads copy with ``pread`` into private memory, where neither can happen, and readers
-  at the same place share one verified copy (:class:`_Blocks`), so the copy and its
-  check are paid once per block, not once per reader.
+  at the same place share one verified copy (:mod:`.segment_blocks`), so the copy and
+  its check are paid once per block, not once per reader. (Where no one else can write
+  the files, frames also go out of them unread, with ``sendfile``: :meth:`SegmentStore.span`
+  and :mod:`~sandboxkit.daemon.file_span`, which says when they are checked.)
 * Every frame's index record carries the CRC-32 of the frame and of the record itself
   (in the index, not in the frames file: the frames file stays exactly the bytes a
-  client gets, for a future ``sendfile`` path, issue 22; such a path sends bytes the
-  daemon never sees, so it is only sound where no one else can reach the files: with
-  isolation). A record or frame that is
+  client gets, so that a run of frames is a run of the file). A record or frame that is
   missing, short or fails its check makes the store raise :class:`SegmentDamaged`; the
   log then gives up that segment and everything older, which readers see as an exact
   gap, like any eviction: never a crash, never a malformed frame.
