@@ -15,9 +15,11 @@ import httpx
 import pytest
 from support import fast_config, wait_until
 
-from sandboxkit.daemon import file_span, sendfile_writer
+from sandboxkit.daemon import file_span, isolation, sendfile_writer
 from sandboxkit.daemon.config import DaemonConfig
+from sandboxkit.daemon.host import Host
 from sandboxkit.daemon.output_log import OutputLog
+from sandboxkit.daemon.process import ProcessSpec
 from sandboxkit.daemon.server import DaemonServer
 from sandboxkit.wire import FrameDecoder, FrameKind
 
@@ -228,3 +230,24 @@ def test_stream_from_the_files_over_http_is_the_output(
         http.delete(f"/sandboxes/{sid}")
     assert bytes(payload) == expected
     assert sum(sent) > len(expected) // 2, "most of it from the files, with sendfile"
+
+
+@pytest.mark.skipif(
+    not isolation.probe().available and not os.environ.get("CI"),
+    reason="no namespaces here",
+)
+async def test_an_isolated_sandboxs_log_is_sent_from_its_files(private: None) -> None:
+    config = DaemonConfig(output_cache_bytes=128 << 10, kill_grace=1.0, exit_drain=0.5)
+    async with Host(config) as host:
+        sandbox = await host.create_sandbox(isolation="namespaces")
+        spec = ProcessSpec(cmd="head -c 2097152 /dev/zero")
+        process = await sandbox.start_process(spec)
+        assert await process.wait(20) == 0
+        assert process.log.zero_copy is file_span.files_private
+        gaps, got, spans = _drain(process.log)
+        assert (gaps, got) == ([], bytes(2 << 20)) and spans
+        # A sandbox without isolation could write any log's files: from then on, none is
+        # sent unchecked.
+        other = await host.create_sandbox(isolation="none")
+        assert await (await other.start_process(ProcessSpec(cmd="true"))).wait(10) == 0
+        assert process.log.read_span(0, 1 << 20) is None
