@@ -154,6 +154,12 @@ def test_uvicorns_request_cycle_has_what_the_fast_path_uses(
         )
         for name in ("get_write_buffer_limits", "set_write_buffer_limits"):
             assert hasattr(transport, name), f"{where}: {type(transport)} has no {name}()"
+    if loop_name == "uvloop":
+        assert isinstance(transport, fast_path.SELECTOR_TRANSPORT), (
+            f"{where}: a TCP connection's transport is {type(transport)}, not "
+            "uvloop.loop.TCPTransport, which sandboxkit/daemon/http/fast_path.py writes "
+            "beside (sends are now handed whole to the transport)"
+        )
 
 
 class _UvicornLikeCycle:

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sandboxkit.daemon.file_span import ZERO_COPY_MODES
 from sandboxkit.daemon.isolation import ISOLATION_ENV
 from sandboxkit.lab_options import GHOST_BUFFER
 
@@ -125,6 +126,12 @@ class DaemonConfig:
     on the same loop (benchmarks/compare.py, P7); uvloop's is the lower. Once opt-in
     because a pty process's stdin failed under it (fixed: the daemon writes a pty's input
     itself, tests/test_send_path.py)."""
+    zero_copy: str = field(default_factory=lambda: os.environ.get("SANDBOXKIT_ZERO_COPY", "auto"))
+    """Send output from the log's files with ``sendfile``, unchecked once read back
+    (``sandboxkit/daemon/file_span.py``): ``auto`` (default: for isolated sandboxes only,
+    while no sandbox without isolation ever ran in the daemon, since one could rewrite
+    any log's files), ``on`` (every log: a daemon whose sandboxes all run trusted code)
+    or ``off``; ``$SANDBOXKIT_ZERO_COPY`` sets the default."""
     http: str = field(default_factory=lambda: os.environ.get("SANDBOXKIT_HTTP", "auto"))
     """uvicorn's HTTP implementation: ``auto`` (httptools when installed, as with
     ``sandboxkit[fast]``), ``h11`` or ``httptools``; ``$SANDBOXKIT_HTTP`` sets the default."""
@@ -146,3 +153,7 @@ class DaemonConfig:
     """File descriptors (at most a quarter of the limit) that idle connections may not
     take: processes and files use them. A process start refused once half of it is gone
     gets 503 ``resource_exhausted``. The daemon raises its soft limit to the hard limit."""
+
+    def __post_init__(self) -> None:
+        if self.zero_copy not in ZERO_COPY_MODES:
+            raise ValueError(f"zero_copy must be one of {', '.join(ZERO_COPY_MODES)}")

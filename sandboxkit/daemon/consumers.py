@@ -7,14 +7,23 @@ import asyncio
 import contextlib
 import itertools
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from sandboxkit._compat import within
 from sandboxkit.daemon import heap
 from sandboxkit.daemon.config import DaemonConfig
+from sandboxkit.daemon.consumer_sinks import (
+    MIN_SHARE,
+    FrameSink,
+    PeerProbe,
+    SendBudget,
+    SendFile,
+    SendParts,
+    SizeBuffer,
+)
 from sandboxkit.daemon.events import EventJournal
-from sandboxkit.daemon.fanout import Fanout, Feed
+from sandboxkit.daemon.fanout import Fanout, Feed, Pull
+from sandboxkit.daemon.file_span import FileSpan
 from sandboxkit.daemon.output_log import Chunk, Gap, OutputLog
 from sandboxkit.errors import ConsumerKicked, InvalidArgument, SandboxkitError
 from sandboxkit.vocab import (
@@ -67,55 +76,7 @@ CONNECTION_MEMORY = 64 * 1024
 """About what a consumer's connection holds beyond its sends (its read buffer, the HTTP
 protocol's state): counted as released, with its largest send, when it leaves."""
 
-MIN_SHARE = 64 * 1024
-"""The least a consumer's sends may hold (payload bytes), however many consumers share
-the send budget: one 64 KiB write of the process's, about, per send."""
-
 _ids = itertools.count(1)
-
-
-class SendBudget:
-    """What all consumers' sends may hold at once (``DaemonConfig.send_budget``), shared
-    out among the consumers streaming.
-
-    A send holds its chunks until the peer took them: the log's own (shared), or views
-    of a mapped segment, but the newest segment is read with a copy, and a chunk the cache
-    evicted meanwhile lives on only for the sends that hold it. Up to 1 MiB a consumer,
-    that grows with the consumers; within the budget it does not (issue 19)."""
-
-    def __init__(self, total: int) -> None:
-        self.total = total
-        self.consumers = 0
-        """Consumers streaming now (between their start and their end)."""
-
-    def share(self, most: int) -> int:
-        """Payload bytes one consumer's send (or read of the log) may hold: ``most``, or
-        less when more consumers than ``total // most`` stream, never under
-        :data:`MIN_SHARE`."""
-        return min(most, max(MIN_SHARE, self.total // max(1, self.consumers)))
-
-
-class FrameSink(Protocol):
-    """Where a consumer's frames go: an HTTP response, a socket, a queue in tests."""
-
-    async def send(self, data: bytes) -> None:
-        """Hand bytes to the transport; returns once it accepted them (may block)."""
-
-    async def close(self) -> None:
-        """End the transport; must not block on a peer that stopped reading."""
-
-
-PeerProbe = Callable[[], float | None]
-"""A sink may also offer ``window_closed_for()``: how long its peer has taken no bytes
-while some wait (see :func:`sandboxkit.daemon.tcp_peer.window_closed_for`), or ``None``."""
-
-SizeBuffer = Callable[[int], None]
-"""A sink may also offer ``size_send_buffer(nbytes)``: let its transport hold about
-``nbytes`` for the peer (what the peer drains in a quarter of the stall timeout)."""
-
-SendParts = Callable[[list[bytes | memoryview], int], Awaitable[None]]
-"""A sink may also offer ``send_parts(parts, size)``: send the concatenation of ``parts``
-(``size`` bytes), joining them itself with its own framing in one copy."""
 
 
 class StreamSource(Protocol):
@@ -174,6 +135,7 @@ class Consumer:
         self._feed: Feed | None = None
         self._peer_probe: PeerProbe | None = None
         self._send_parts: SendParts | None = None
+        self._send_file: SendFile | None = None
         self._size_buffer: SizeBuffer | None = None
         self._requested = cursor
         self._kick_request: tuple[str, float] | None = None
@@ -286,6 +248,7 @@ class Consumer:
         self._task = asyncio.current_task()
         self._peer_probe = getattr(sink, "window_closed_for", None)
         self._send_parts = getattr(sink, "send_parts", None)
+        self._send_file = getattr(sink, "send_file", None)
         self._size_buffer = getattr(sink, "size_send_buffer", None)
         self._feed = feed = self.source.fanout.attach(self.cursor, self.kick)
         self.cursor = feed.start
@@ -329,7 +292,7 @@ class Consumer:
         # A consumer that left stays in the metrics for a while: it keeps nothing of its
         # connection (the sink's methods held the server's request, its buffers and its
         # transport, every one of the 400 that left at once), nor of its feed.
-        self._peer_probe = self._send_parts = self._size_buffer = None
+        self._peer_probe = self._send_parts = self._size_buffer = self._send_file = None
         self._feed = None
         self._task = None
 
@@ -373,24 +336,20 @@ class Consumer:
         while True:
             self._waiting = True
             try:
-                # What is read at once is held until sent: within this consumer's share.
-                batch_limit = self._budget.share(self.config.send_batch)
+                # What is read at once is held until sent: within this consumer's share,
+                # and no more than a send takes (a span is one send, see _send).
+                batch_limit = min(self._coalesce, self._budget.share(self.config.send_batch))
                 pulled = await feed.pull(self.cursor, batch_limit, keepalive)
             finally:
                 self._waiting = False
             gap = pulled.gap
             states = self.source.states()
             told = states != self._states_sent and states["process_state"] != "exited"
-            if told:
-                # A lifecycle change (pause, resume, ...) goes out before anything else,
-                # even while output flows (no keepalive is due then): views follow it now.
-                # The sandbox nudges idle feeds when it changes, so that is at once too.
-                # An exit is said by the end frame, after the rest of the output.
-                await self._send_keepalive(sink)
-            if gap is not None:
-                await self._send_gap(sink, gap)
-            if pulled.chunks:
-                await self._send_chunks(sink, pulled.chunks)
+            # A lifecycle change (pause, resume, ...) goes out before anything else, even
+            # while output flows (no keepalive is due then): views follow it now. The
+            # sandbox nudges idle feeds when it changes, so that is at once too. An exit
+            # is said by the end frame, after the rest of the output.
+            await self._send_pulled(sink, pulled, told)
             if pulled.ended:
                 await self._send(
                     sink,
@@ -405,8 +364,35 @@ class Consumer:
                     ),
                 )
                 return
-            if gap is None and not pulled.chunks and not told:
+            if gap is None and not pulled.chunks and pulled.span is None and not told:
                 await self._send_keepalive(sink)
+
+    async def _send_pulled(self, sink: FrameSink, pulled: Pull, told: bool) -> None:
+        try:  # (a span holds a descriptor: let go of it whatever happens)
+            if told:
+                await self._send_keepalive(sink)
+            if pulled.gap is not None:
+                await self._send_gap(sink, pulled.gap)
+            if pulled.chunks:
+                await self._send_chunks(sink, pulled.chunks)
+            if pulled.span is not None:
+                await self._send_span(sink, pulled.span)
+        finally:
+            if pulled.span is not None:
+                pulled.span.close()
+
+    async def _send_span(self, sink: FrameSink, span: FileSpan) -> None:
+        # Frames as they sit in a segment file: ``sendfile`` where the sink can, else one
+        # copy (never part of a span: a file shrunk under it sends nothing, and the next
+        # pull finds the damage and says so with a gap).
+        if self._send_file is None:
+            data = span.read()
+            if data is None:
+                return
+            await self._send(sink, data, frames=span.count)
+        else:
+            await self._send(sink, span, frames=span.count)
+        self.cursor = span.end_seq
 
     def _states(self) -> dict[str, Any]:
         self._states_sent = states = self.source.states()
@@ -468,15 +454,21 @@ class Consumer:
         self.cursor = batch[-1].seq + 1
 
     async def _send(
-        self, sink: FrameSink, data: bytes | list[bytes | memoryview], frames: int = 1
+        self,
+        sink: FrameSink,
+        data: bytes | list[bytes | memoryview] | FileSpan,
+        frames: int = 1,
     ) -> None:
         self._sending_since = started = time.monotonic()
         if self._watchdog is None:
             self._arm_watchdog(started)
-        size = len(data) if isinstance(data, bytes) else sum(map(len, data))
+        size = sum(map(len, data)) if isinstance(data, list) else len(data)
         try:
             if isinstance(data, bytes):
                 await sink.send(data)
+            elif isinstance(data, FileSpan):
+                assert self._send_file is not None
+                await self._send_file(data)
             elif self._send_parts is not None:
                 # The sink joins the frames with its own framing: one copy, not two.
                 await self._send_parts(data, size)
@@ -498,6 +490,9 @@ class Consumer:
                 # Where the send budget binds, the kernel's buffer follows it too.
                 binds = share < self.config.send_batch
                 self._size_buffer(int(min(drained, share) if binds else drained))
+        elif size >= self._coalesce and self._coalesce < self.config.send_batch:
+            # Taken at once: the peer drains fast, the next sends may be larger.
+            self._coalesce = min(self.config.send_batch, 2 * self._coalesce)
         self.bytes_sent += size
         self.frames_sent += frames
         self._largest_send = max(self._largest_send, size)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from sandboxkit.daemon.file_span import FileSpan
 from sandboxkit.daemon.output_log import Chunk, Gap, OutputLog
 
 __all__ = ["CursorFanout", "Fanout", "Feed", "Kick", "Pull"]
@@ -32,6 +33,9 @@ class Pull:
     gap: Gap | None = None
     chunks: list[Chunk] = field(default_factory=list)
     ended: bool = False
+    span: FileSpan | None = None
+    """Frames of a segment file to send as they are (after ``gap``; the consumer closes
+    it): what a reader behind the cache of a zero-copy log gets instead of chunks."""
 
 
 class Feed(abc.ABC):
@@ -80,13 +84,24 @@ class _LogFeed(Feed):
 
     async def pull(self, cursor: int, max_bytes: int, timeout: float) -> Pull:
         log = self.log
-        gap, chunks = log.read(cursor, max_bytes)
-        if gap is None and not chunks:
+        pulled = self._read(cursor, max_bytes)
+        if pulled.gap is None and not pulled.chunks and pulled.span is None:
             if log.ended:
                 return Pull(ended=True)
             await log.wait(cursor, timeout)
-            gap, chunks = log.read(cursor, max_bytes)
-        return Pull(gap, chunks, ended=gap is None and not chunks and log.ended)
+            pulled = self._read(cursor, max_bytes)
+            pulled.ended = pulled.gap is None and not pulled.chunks and log.ended
+        return pulled
+
+    def _read(self, cursor: int, max_bytes: int) -> Pull:
+        log = self.log
+        # Frames in the files go as they are where the log allows (zero-copy), the rest
+        # (the newest, not yet written; a log in memory) as chunks.
+        spanned = log.read_span(cursor, max_bytes) if log.zero_copy else None
+        if spanned is not None:
+            return Pull(spanned[0], span=spanned[1])
+        gap, chunks = log.read(cursor, max_bytes)
+        return Pull(gap, chunks)
 
 
 class CursorFanout(Fanout):

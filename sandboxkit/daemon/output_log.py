@@ -3,18 +3,18 @@ append-only segment files with the newest chunks cached in memory."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
 import time
 from array import array
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 from sandboxkit.daemon import heap
+from sandboxkit.daemon.chunks import CHUNK_OVERHEAD, Chunk, Gap
+from sandboxkit.daemon.file_span import SPAN_MIN, FileSpan
+from sandboxkit.daemon.log_waiters import Waiters
 from sandboxkit.daemon.segment_store import (
     INDEX_RECORD,
     MAX_SEGMENT,
@@ -46,69 +46,8 @@ so that a reader coming back there gets an exact gap even when the index that sa
 its cursor is was the damaged part."""
 
 
-class Chunk(NamedTuple):
-    """One piece of output: ``seq`` is monotonic per process, ``offset`` counts every byte
-    the process wrote before this chunk (all streams).
-
-    The chunk keeps its ``data`` frame encoded once as ``head`` (header and metadata)
-    plus the output bytes as read, not joined: copying every 64 KiB read into a new frame
-    was up to half the daemon's CPU with a large retention (fresh heap pages, faulted in).
-    A consumer joins heads and payloads into the one buffer it sends anyway. A chunk read
-    back from disk holds views into the buffer of that read instead of copies.
-
-    A named tuple, not a frozen dataclass: a reader behind the cache builds one per chunk
-    it reads, and a frozen dataclass's ``__init__`` (a ``object.__setattr__`` per field)
-    was a tenth of that read's CPU.
-    """
-
-    seq: int
-    stream: str
-    offset: int
-    ts: float
-    size: int
-    head: bytes | memoryview
-    data: bytes | memoryview
-    """The output bytes (a view, for a chunk read back from disk)."""
-
-    @property
-    def frame(self) -> bytes:
-        """The encoded ``data`` frame (a copy: senders join ``head`` and ``data``)."""
-        return b"".join((self.head, self.data))
-
-    @property
-    def frame_size(self) -> int:
-        """The encoded frame's length in bytes."""
-        return len(self.head) + self.size
-
-
-def _chunk_overhead() -> int:
-    sample = Chunk(2**40, "stdout", 2**40, time.time(), 1, b"", b"")
-    return (
-        sys.getsizeof(sample)
-        + sys.getsizeof(sample.seq)
-        + sys.getsizeof(sample.offset)
-        + sys.getsizeof(sample.ts)
-        + sys.getsizeof(sample.head)  # the bytes objects' headers; their content is counted
-        + sys.getsizeof(sample.data)
-        + 8  # the deque's slot
-        + 8  # the allocator's rounding, on average
-    )
-
-
-CHUNK_OVERHEAD = _chunk_overhead()
-"""What a chunk held in memory costs beyond its encoded frame (its objects' headers)."""
-
 DEFAULT_CACHE_BYTES = 1 << 20
 """Memory for the newest chunks of a log kept on disk, unless told otherwise."""
-
-
-@dataclass(frozen=True, slots=True)
-class Gap:
-    """Chunks ``cursor .. first_available - 1`` were evicted before this reader got them."""
-
-    cursor: int
-    first_available: int
-    bytes_lost: int
 
 
 class OutputLog:
@@ -194,9 +133,7 @@ class OutputLog:
         self._total = 0
         self._evicted_bytes = 0
         self._closed = False
-        # One future per waiting reader, woken in the order they came; a reader that
-        # gives up (timeout, cancellation) takes only its own future away.
-        self._waiters: dict[asyncio.Future[bool], None] = {}
+        self._waiters = Waiters()
         self.ended = False
         self.exit_code: int | None = None
         self.ended_at: float | None = None
@@ -212,6 +149,9 @@ class OutputLog:
         """Why the log stopped writing to disk, if it did (then it goes on in memory)."""
         self._on_degraded = on_degraded
         self._read_ends: OrderedDict[int, int] = OrderedDict()
+        self.zero_copy: Callable[[], bool] | None = None
+        """Set by the owner: tells, when asked, whether no sandboxed process can reach
+        the files now; then readers get :meth:`read_span` (see :mod:`.file_span`)."""
         # Chunks from this seq on live in memory only (every chunk, for a memory log).
         self._memory_from = 0
         # On disk: chunks ``head - 1`` and older are in the store once its ``written``
@@ -558,12 +498,8 @@ class OutputLog:
         If ``cursor`` is behind retention, a :class:`Gap` says what was lost and reading
         starts at the oldest retained chunk.
         """
-        asked = cursor
-        gap = None
-        if cursor < self._first_seq:
-            lost = self.offset_of(self._first_seq) - self.offset_of(cursor)
-            gap = Gap(cursor, self._first_seq, lost)
-            cursor = self._first_seq
+        asked, gap = cursor, self._gap(cursor)
+        cursor = max(cursor, self._first_seq)
         chunks: list[Chunk] = []
         size = 0
         if cursor < self._cache_first and self._store is not None:
@@ -581,7 +517,7 @@ class OutputLog:
                 return self.read(asked, max_bytes)
             if chunks and chunks[-1].seq + 1 < self._cache_first:
                 self._read_horizon = max(self._read_horizon, chunks[-1].seq + 1)
-                self._read_ended(chunks[-1])
+                self._ended_at(chunks[-1].seq + 1, chunks[-1].offset + chunks[-1].size)
                 return gap, chunks
             cursor += len(chunks)
         index = cursor - self._cache_first
@@ -596,12 +532,48 @@ class OutputLog:
         if chunks:
             self._read_horizon = max(self._read_horizon, chunks[-1].seq + 1)
             if self._store is not None:
-                self._read_ended(chunks[-1])
+                self._ended_at(chunks[-1].seq + 1, chunks[-1].offset + chunks[-1].size)
         return gap, chunks
 
-    def _read_ended(self, last: Chunk) -> None:
+    def read_span(self, cursor: int, max_bytes: int) -> tuple[Gap | None, FileSpan] | None:
+        """Like :meth:`read`, for a reader of a :attr:`zero_copy` log on disk: frames
+        from ``cursor`` on as a span of a segment file, sent as they are; ``None`` where
+        :meth:`read` is the way (memory, or little in the cache: :data:`SPAN_MIN`)."""
+        store = self._store
+        if self.zero_copy is None or store is None or not self._on_disk or not self.zero_copy():
+            return None
+        asked, gap = cursor, self._gap(cursor)
+        cursor = max(cursor, self._first_seq)
+        if cursor >= store.flushed or (cursor >= self._cache_first and self._few(cursor, store)):
+            return None
+        try:
+            span = store.span(cursor, store.flushed, max_bytes, self._cache_first)
+        except SegmentDamaged as exc:  # as in read: that segment and older ones are a gap
+            self._give_up(exc.segment, exc)
+            return self.read_span(asked, max_bytes)
+        except OSError as exc:
+            self._to_memory(exc)  # read() then tells the gap
+            return None
+        if span is None:
+            return None
+        self._read_horizon = max(self._read_horizon, span.end_seq)
+        self._ended_at(span.end_seq, span.end_offset)
+        return gap, span
+
+    def _gap(self, cursor: int) -> Gap | None:
+        if cursor >= (first := self._first_seq):
+            return None
+        return Gap(cursor, first, self.offset_of(first) - self.offset_of(cursor))
+
+    def _few(self, cursor: int, store: SegmentStore) -> bool:
+        # Cached, and less than SPAN_MIN written from the cursor on: the copy is cheaper.
+        cache, first = self._cache, self._cache_first
+        end = cache[store.flushed - first].offset if store.flushed < self._head else self._total
+        return end - cache[cursor - first].offset < SPAN_MIN
+
+    def _ended_at(self, seq: int, offset: int) -> None:
         ends = self._read_ends
-        ends[last.seq + 1] = last.offset + last.size
+        ends[seq] = offset
         if len(ends) > _READ_ENDS:
             ends.popitem(last=False)
 
@@ -610,18 +582,7 @@ class OutputLog:
         if self._head > cursor or self.ended:
             return True
         self._read_horizon = self._head  # a reader waits past the newest chunk: seal it
-        # Its own future, awaited directly: no shield (an extra loop iteration per wake)
-        # and a timer only when the caller set a timeout.
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[bool] = loop.create_future()
-        self._waiters[waiter] = None
-        timer = None if timeout is None else loop.call_later(timeout, _expire, waiter)
-        try:
-            return await waiter
-        finally:
-            if timer is not None:
-                timer.cancel()
-            self._waiters.pop(waiter, None)
+        return await self._waiters.wait(timeout)
 
     def nudge(self) -> None:
         """Wake every waiting reader with no new chunk: something else changed that its
@@ -629,13 +590,4 @@ class OutputLog:
         self._wake()
 
     def _wake(self) -> None:
-        if self._waiters:
-            waiters, self._waiters = self._waiters, {}
-            for waiter in waiters:
-                if not waiter.done():
-                    waiter.set_result(True)
-
-
-def _expire(waiter: asyncio.Future[bool]) -> None:
-    if not waiter.done():
-        waiter.set_result(False)
+        self._waiters.wake()

@@ -14,6 +14,7 @@ from sandboxkit.daemon.config import DaemonConfig
 from sandboxkit.daemon.events import EventJournal
 from sandboxkit.daemon.fanout import CursorFanout, Fanout
 from sandboxkit.daemon.faults.lab import FaultLab
+from sandboxkit.daemon.file_span import unisolated_ran, zero_copy_check
 from sandboxkit.daemon.freezer import Freezer
 from sandboxkit.daemon.isolation import NamespacePlan
 from sandboxkit.daemon.limits import LimitEnforcer
@@ -144,6 +145,11 @@ class ManagedSandbox:
             state_seq=self._state_seq,
             log_dir=self.runtime_dir / f"log-{self._logs}" if self.config.output_on_disk else None,
         )
+        # Its log's files may be sent unchecked only while no sandboxed process can reach
+        # them (sandboxkit/daemon/file_span.py), or where the operator says so.
+        if self.plan is None:
+            unisolated_ran()
+        process.log.zero_copy = zero_copy_check(self.config.zero_copy, self.plan is not None)
         await process.start(self.tree, str(self.workdir), self.envs, self.plan, self.limits)
         self.processes[process.pid] = process
         self.journal.record(

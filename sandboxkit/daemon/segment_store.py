@@ -17,13 +17,13 @@ would cost a descriptor per segment, kept for its life). So:
   shrinks it, kills the daemon with ``SIGBUS`` wherever Python touches it (a sender
   joining a frame), and bytes checked in a shared mapping can change after the check.
   Reads copy with ``pread`` into private memory, where neither can happen, and readers
-  at the same place share one verified copy (:class:`_Blocks`), so the copy and its
-  check are paid once per block, not once per reader.
+  at the same place share one verified copy (:mod:`.segment_blocks`), so the copy and
+  its check are paid once per block, not once per reader. (Where no one else can write
+  the files, frames also go out of them unread, with ``sendfile``: :meth:`SegmentStore.span`
+  and :mod:`~sandboxkit.daemon.file_span`, which says when they are checked.)
 * Every frame's index record carries the CRC-32 of the frame and of the record itself
   (in the index, not in the frames file: the frames file stays exactly the bytes a
-  client gets, for a future ``sendfile`` path, issue 22; such a path sends bytes the
-  daemon never sees, so it is only sound where no one else can reach the files: with
-  isolation). A record or frame that is
+  client gets, so that a run of frames is a run of the file). A record or frame that is
   missing, short or fails its check makes the store raise :class:`SegmentDamaged`; the
   log then gives up that segment and everything older, which readers see as an exact
   gap, like any eviction: never a crash, never a malformed frame.
@@ -34,23 +34,32 @@ would cost a descriptor per segment, kept for its life). So:
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import errno
 import importlib
 import os
-import shutil
-import stat
 import struct
 import zlib
 from array import array
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar, cast
 
+from sandboxkit.daemon.file_span import FileSpan
+from sandboxkit.daemon.segment_blocks import BLOCK_BYTES as _BLOCK_BYTES
+from sandboxkit.daemon.segment_blocks import BLOCKS as _BLOCKS
+from sandboxkit.daemon.segment_blocks import Block as _Block
+from sandboxkit.daemon.segment_blocks import Blocks as _Blocks  # noqa: F401 (tests size their own)
+from sandboxkit.daemon.segment_blocks import Record
+from sandboxkit.daemon.segment_files import READERS as _READERS
+from sandboxkit.daemon.segment_files import open_file as _open
+from sandboxkit.daemon.segment_files import pread as _pread
+from sandboxkit.daemon.segment_files import pread_into as _pread_into
+from sandboxkit.daemon.segment_files import remove as _remove
+from sandboxkit.daemon.segment_files import remove_tree
+from sandboxkit.daemon.segment_files import unlink as _unlink
+from sandboxkit.daemon.segment_files import write_all as _write_all
 from sandboxkit.wire import FrameKind
 
 __all__ = ["INDEX_RECORD", "Segment", "SegmentDamaged", "SegmentStore", "remove_tree"]
@@ -106,13 +115,6 @@ def _frame_crc(head: bytes | memoryview, data: bytes | memoryview) -> int:
     return _payload_crc(data, crc) if len(data) > 1024 else zlib.crc32(data, crc)
 
 
-_BLOCK_BYTES = 256 * 1024
-"""A read from disk copies about this many bytes of payload at a time (a chunk more, or
-one larger chunk), checked once and shared by the readers that come by (:class:`_Blocks`);
-a reader that asks for more takes several blocks. Small enough that a sender holding
-chunks pins little memory, large enough that a syscall is a small part of the copy."""
-
-
 class SegmentDamaged(OSError):
     """A segment's files no longer hold what was written to them: shrunk, overwritten,
     zeroed or replaced (by a process running as the daemon's user, or the disk)."""
@@ -163,32 +165,15 @@ class Segment:
     payload: int = 0
     cost: int = 0
     """What retention was charged for its chunks (the log's accounting)."""
+    verified: int = 0
+    """Chunks ``first_seq .. verified - 1`` were read back and found as written (their
+    frames may be sent without another look: :mod:`~sandboxkit.daemon.file_span`)."""
+    pins: int = 0
+    """Spans of its frames file being sent: the file is not written over until none."""
 
     @property
     def end_seq(self) -> int:
         return self.first_seq + self.count
-
-
-Record = tuple[int, int, float, int, int, int, int, int]
-"""An index record: ``(position, offset, ts, size, head, stream, frame CRC, record CRC)``."""
-
-
-@dataclass(slots=True, eq=False)
-class _Block:
-    """Chunks ``first_seq ..`` of one segment, copied out of its files and checked."""
-
-    store: SegmentStore
-    first_seq: int
-    records: list[Record]
-    frames: memoryview
-    """Their frames, from file position ``records[0][0]`` on."""
-    buffer: bytearray
-    """What ``frames`` is a view of: written again only once no view of it is left."""
-    size: int = field(default=0)
-
-    @property
-    def end_seq(self) -> int:
-        return self.first_seq + len(self.records)
 
 
 class SegmentStore:
@@ -229,14 +214,14 @@ class SegmentStore:
         # file's pages: writing over it changes nothing they hold.)
         self._spare: str | None = None
         self._abandoned = False
-        self._blocks: list[_Block] = []
-        """Copies read back recently (at most a few; see :class:`_Blocks`)."""
+        self.blocks: list[_Block] = []
+        """Copies read back recently (at most a few; see :mod:`.segment_blocks`)."""
 
     @property
     def memory_bytes(self) -> int:
         """What the store holds in memory (buffers, copies read back, bookkeeping)."""
         size = len(self._pending_index) + 8 * len(self._forgotten)
-        size += sum(block.size for block in self._blocks)
+        size += sum(block.size for block in self.blocks)
         return size + 120 * (len(self.segments) + len(self._kept))
 
     # -- writing --------------------------------------------------------------------------
@@ -273,7 +258,7 @@ class SegmentStore:
     def _new_segment(self, chunk: StoredChunk) -> Segment:
         self.flush()
         self.close_files()
-        segment = Segment(self._next_number, chunk.seq, chunk.offset)
+        segment = Segment(self._next_number, chunk.seq, chunk.offset, verified=chunk.seq)
         self._next_number += 1
         create = os.O_WRONLY | os.O_CREAT | os.O_EXCL
         path = self._path(segment, ".frames")
@@ -332,13 +317,16 @@ class SegmentStore:
             self._drop_pending()
             self.close_files()
         _BLOCKS.drop(self, before=segment.end_seq)
-        self._retire(self._path(segment, ".frames"))
+        self._retire(segment)
         self._keep_index(segment)
         return segment
 
-    def _retire(self, frames: str) -> None:
+    def _retire(self, segment: Segment) -> None:
+        frames = self._path(segment, ".frames")
         _READERS.forget(frames)
-        if self._spare is None and not self._abandoned:
+        # A file being sent (a span holds it) is unlinked, never written over: the send
+        # goes on with the bytes it was checked to hold.
+        if self._spare is None and not self._abandoned and not segment.pins:
             spare = self._prefix + "spare"
             with contextlib.suppress(OSError):
                 os.rename(frames, spare)
@@ -469,9 +457,10 @@ class SegmentStore:
                 return forgotten[i + 1]
         return None
 
-    def _load(self, segment: Segment, cursor: int, stop: int) -> _Block:
+    def _load(self, segment: Segment, cursor: int, stop: int, *, keep: bool = True) -> _Block:
         """Copy chunks ``cursor ..`` of ``segment`` out of its files and check them
-        (raises :class:`SegmentDamaged` if chunk ``cursor`` fails)."""
+        (raises :class:`SegmentDamaged` if chunk ``cursor`` fails); ``keep``: share the
+        copy with the readers that come by (else it only checked the frames)."""
         end = min(segment.end_seq, stop, cursor + READ_RECORDS)
         raw = self._index(segment, cursor, end)
         records = self._records(segment, cursor, raw, _BLOCK_BYTES)
@@ -497,11 +486,51 @@ class SegmentStore:
             raise SegmentDamaged(segment, f"frame of chunk {cursor}")
         del records[good:]
         block = _Block(self, cursor, records, frames, buffer, len(buffer))
-        _BLOCKS.add(block)
+        if cursor <= segment.verified < block.end_seq:
+            segment.verified = block.end_seq
+        if keep:
+            _BLOCKS.add(block)
         return block
 
+    def span(self, cursor: int, stop: int, max_bytes: int, fresh: int) -> FileSpan | None:
+        """The frames of chunks ``cursor ..`` (before ``stop``, in one segment, about
+        ``max_bytes`` of payload, at least one chunk) as a run of its frames file, checked
+        unless at or past ``fresh`` (chunks the log still holds in memory, written
+        moments ago: see :mod:`~sandboxkit.daemon.file_span`); ``None`` if no retained
+        segment holds ``cursor``. Raises
+        :class:`SegmentDamaged` if chunk ``cursor`` cannot be read back as written, or the
+        file is shorter than its frames (see :mod:`~sandboxkit.daemon.file_span`)."""
+        segment = self._segment_of(cursor, kept=False)
+        if segment is None:
+            return None
+        while segment.verified <= cursor < fresh:
+            # Checked once, the first time any reader gets there: one copy for every
+            # reader, not kept (the spans send from the file).
+            block = self._load(segment, segment.verified, stop, keep=False)
+            block.frames.release()
+            _BLOCKS.give_back(block.buffer)
+        end = min(stop if cursor >= fresh else segment.verified, stop, cursor + READ_RECORDS)
+        records = self._records(segment, cursor, self._index(segment, cursor, end), max_bytes)
+        if not records:
+            raise SegmentDamaged(segment, f"index record of chunk {cursor}")
+        start = records[0][0]
+        last = records[-1]
+        size = last[0] + last[4] + last[3] - start
+        fd = os.dup(_READERS.fd(self._path(segment, ".frames")))
+        try:
+            if os.fstat(fd).st_size < start + size:
+                raise SegmentDamaged(
+                    segment, f"frames file shorter than chunk {cursor + len(records) - 1}"
+                )
+        except BaseException:
+            os.close(fd)
+            raise
+        segment.pins += 1
+        payload = sum(record[3] for record in records)
+        return FileSpan(fd, start, size, cursor, len(records), payload, last[1] + last[3], segment)
+
     def _block_at(self, seq: int) -> _Block | None:
-        for block in reversed(self._blocks):
+        for block in reversed(self.blocks):
             if block.first_seq <= seq < block.end_seq:
                 _BLOCKS.touch(block)
                 return block
@@ -551,193 +580,3 @@ class SegmentStore:
                 cursor += 1
                 i += 1
         return size
-
-
-class _Blocks:
-    """The copies read back, shared by every store of the daemon: the most recently used,
-    up to :data:`_BLOCKS_LIMIT` bytes in all. Readers behind a log's cache mostly read the
-    same stretch one after the other (a burst of output they all follow), so each block
-    is copied and checked once for all of them, not once per reader. A block a reader
-    still holds chunks of stays alive with them, whatever this cache does."""
-
-    def __init__(self, limit: int) -> None:
-        self._lru: OrderedDict[int, _Block] = OrderedDict()
-        self._size = 0
-        self._limit = limit
-        # Buffers of blocks let go of, to read into again: a fresh 256 KiB for every
-        # read was fresh pages to fault in. One is taken only once nothing holds a view
-        # of it (a sender's chunks), which Python tracks for us: a bytearray with views
-        # out cannot be resized (BufferError).
-        self._free: deque[bytearray] = deque()
-
-    def buffer(self, size: int) -> bytearray:
-        """A buffer of at least ``size`` bytes that no one holds a view of."""
-        free = self._free
-        for _ in range(len(free)):
-            buffer = free.popleft()
-            try:
-                if len(buffer) < size:
-                    buffer.extend(bytes(size - len(buffer)))
-                else:  # (resizing is refused while views are out: a probe)
-                    buffer.append(0)
-                    del buffer[-1]
-            except BufferError:
-                free.append(buffer)
-                continue
-            return buffer
-        return bytearray(max(size, _BLOCK_BYTES + (_BLOCK_BYTES >> 2)))
-
-    def add(self, block: _Block) -> None:
-        block.store._blocks.append(block)
-        self._lru[id(block)] = block
-        self._size += block.size
-        while self._size > self._limit and len(self._lru) > 1:
-            self._forget(next(iter(self._lru.values())))
-
-    def touch(self, block: _Block) -> None:
-        self._lru.move_to_end(id(block))
-
-    def drop(self, store: SegmentStore, before: int | None = None) -> None:
-        for block in list(store._blocks):
-            if before is None or block.end_seq <= before:
-                self._forget(block)
-
-    def _forget(self, block: _Block) -> None:
-        if self._lru.pop(id(block), None) is not None:
-            self._size -= block.size
-            if len(self._free) < _FREE_BUFFERS:
-                self._free.append(block.buffer)
-        with contextlib.suppress(ValueError):
-            block.store._blocks.remove(block)
-
-
-_BLOCKS_LIMIT = 4 << 20
-_FREE_BUFFERS = 8
-# What reading back costs the daemon's own memory once its readers have gone: at most the
-# blocks kept and the spare buffers, ~6.5 MiB in all whatever the number of logs (chunks
-# a sender still holds keep their block's buffer on top, as long as they are held).
-_BLOCKS = _Blocks(_BLOCKS_LIMIT)
-
-
-_IOV_MAX = 1024
-
-
-def _write_all(fd: int, parts: list[bytes | memoryview]) -> None:
-    # Gathered, not joined: a 64 KiB payload is copied once, into the page cache.
-    start = 0
-    while start < len(parts):
-        batch = parts[start : start + _IOV_MAX]
-        written = os.writev(fd, batch)
-        start += len(batch)
-        size = sum(len(p) for p in batch)
-        if written < size:  # short write (rare on a regular file): the rest by hand
-            rest = memoryview(b"".join(batch))[written:]
-            while rest:
-                rest = rest[os.write(fd, rest) :]
-
-
-_REMOVE_IN_THREAD = 64 << 20
-"""A store with more than this on disk is deleted off the event loop (~60 ms per GiB)."""
-
-
-_REMOVER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sandboxkit-remove")
-"""Deletes large stores in the background, one directory after the other (so the removal
-of a directory and of the one holding it never race). Its thread starts on first use and
-is joined at interpreter exit."""
-
-
-def _remove(directory: Path, size: int) -> None:
-    if size <= _REMOVE_IN_THREAD:
-        shutil.rmtree(directory, ignore_errors=True)
-    else:
-        _REMOVER.submit(shutil.rmtree, directory, True)
-
-
-async def remove_tree(directory: str | os.PathLike[str]) -> None:
-    """Delete ``directory`` and what is in it, off the event loop, after the large stores
-    closed before (a sandbox's runtime directory, once its logs are closed)."""
-    await asyncio.wrap_future(_REMOVER.submit(shutil.rmtree, directory, True))
-
-
-_SAFE = getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK
-
-
-def _open(path: str, flags: int) -> int:
-    """Open one of the store's files: never through a symlink, never blocking (a FIFO),
-    and only if it is a regular file."""
-    fd = os.open(path, flags | _SAFE, 0o600)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", path)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-class _ReadFiles:
-    """Files open for reading, shared by every store of the daemon: the most recently read
-    :data:`_READ_FILES` of them, so a reader catching up does not open its segment for
-    every batch (an open cost as much as the read), and a daemon with many logs does not
-    run out of descriptors. Reads are of recent data (the page cache) and at most about a
-    send batch: fast enough for the event loop."""
-
-    def __init__(self) -> None:
-        self._fds: OrderedDict[str, int] = OrderedDict()
-
-    def fd(self, path: str) -> int:
-        fd = self._fds.get(path)
-        if fd is not None:
-            self._fds.move_to_end(path)
-            return fd
-        fd = _open(path, os.O_RDONLY)
-        self._fds[path] = fd
-        if len(self._fds) > _READ_FILES:
-            os.close(self._fds.popitem(last=False)[1])
-        return fd
-
-    def forget(self, path: str) -> None:
-        """``path`` is about to be removed or renamed."""
-        fd = self._fds.pop(path, None)
-        if fd is not None:
-            os.close(fd)
-
-    def forget_all(self, prefix: str) -> None:
-        for path in [p for p in self._fds if p.startswith(prefix)]:
-            self.forget(path)
-
-
-_READ_FILES = 32
-_READERS = _ReadFiles()
-
-
-def _unlink(path: str) -> None:
-    _READERS.forget(path)
-    with contextlib.suppress(OSError):
-        os.unlink(path)
-
-
-def _pread_into(path: str, buffer: bytearray, size: int, offset: int) -> memoryview:
-    """Read ``size`` bytes of ``path`` at ``offset`` into ``buffer``; a view of what was
-    read (shorter if the file is shorter now)."""
-    fd = _READERS.fd(path)
-    view = memoryview(buffer)[:size]
-    got = 0
-    while got < len(view):
-        n = os.preadv(fd, [view[got:]], offset + got)
-        if not n:
-            break
-        got += n
-    return view[:got]
-
-
-def _pread(path: str, size: int, offset: int) -> bytes:
-    """``size`` bytes at ``offset`` of ``path``, or fewer if the file is shorter now."""
-    fd = _READERS.fd(path)
-    data = os.pread(fd, size, offset)
-    while len(data) < size:
-        more = os.pread(fd, size - len(data), offset + len(data))
-        if not more:
-            break
-        data += more
-    return data

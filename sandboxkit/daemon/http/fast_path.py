@@ -18,6 +18,7 @@ what happens on a version without it:
   socket is then written here, gathered, while the transport holds nothing (see
   :meth:`AsgiSink.send_parts`). Without that class every transport is treated as uvloop's
   is: given whole sends (the same bytes; asyncio copies them, issue 19's memory).
+  uvloop's ``uvloop.loop.TCPTransport`` is written the same way, where it exists.
 
 ``tests/test_http_internals.py`` checks each of these on the real classes of the
 installed uvicorn and asyncio, and fails naming the attribute and the version.
@@ -36,6 +37,8 @@ import uvicorn
 from starlette.types import Scope, Send
 
 from sandboxkit._compat import within
+from sandboxkit.daemon.file_span import FileSpan
+from sandboxkit.daemon.sendfile_writer import SpanWriter, TornSpan
 from sandboxkit.daemon.tcp_peer import (
     PENDING_BYTES,
     SEND_BUFFER,
@@ -66,7 +69,12 @@ FLOW_ATTRIBUTES = ("write_paused", "drain")
 """What it uses of the cycle's flow control (uvicorn's ``FlowControl``)."""
 
 SELECTOR_TRANSPORT: Any = getattr(selector_events, "_SelectorSocketTransport", ())
-"""asyncio's own socket transport (private, hence looked up: ``()`` matches nothing)."""
+"""asyncio's own socket transport (private, hence looked up: ``()`` matches nothing), and
+uvloop's, which writes its socket the same way (directly while it holds nothing)."""
+with contextlib.suppress(ImportError):
+    import uvloop
+
+    SELECTOR_TRANSPORT = (SELECTOR_TRANSPORT, getattr(uvloop.loop, "TCPTransport", ()))
 
 _IOV_MAX = 1024
 _warned: set[type] = set()
@@ -148,6 +156,7 @@ class AsgiSink:
             transport.set_write_buffer_limits(high=0)
         self._closing = False
         self._torn = False  # a body chunk was cut short (see send_parts)
+        self._spans: SpanWriter | None = None  # made by the first send_file
         self._gone = asyncio.Event()  # never set: waited on until the stream is cancelled
         self.closed = asyncio.Event()
 
@@ -174,8 +183,9 @@ class AsgiSink:
         if cycle is None or self._torn:
             await self.send(b"".join(parts))
             return
-        # One chunk of the chunked body.
-        chunk = [b"%x\r\n" % size, *parts, b"\r\n"]
+        # One chunk of the chunked body (after what a span left owed: see SpanWriter).
+        owed = self._spans.take_pending() if self._spans is not None else b""
+        chunk = [owed + b"%x\r\n" % size, *parts, b"\r\n"]
         if self._fd is None:
             await self._writable()
             cycle.transport.writelines(chunk)
@@ -206,6 +216,29 @@ class AsgiSink:
                     cycle.transport.close()
                     raise
 
+    async def send_file(self, span: FileSpan) -> None:
+        """Send a span of a segment file as one body chunk, with ``sendfile`` (see
+        :mod:`~sandboxkit.daemon.sendfile_writer`); copied where the socket is not ours
+        to write."""
+        if self._cycle is None or self._fd is None or self._torn:
+            data = span.read()
+            if data is not None:  # (a file shrunk under it: the next read tells the gap)
+                await self.send(data)
+            return
+        await self._writable()
+        if self._spans is None:
+            self._spans = SpanWriter(self._fd)
+        try:
+            await self._spans.send(span, self._cycle.transport, self._writable)
+        except BaseException as exc:
+            # Cut inside a body chunk (cancelled, or the file shorter than its span):
+            # nothing may follow on this connection; the client reattaches.
+            self._torn = True
+            self._cycle.transport.close()
+            if isinstance(exc, TornSpan):
+                await self._gone.wait()
+            raise
+
     async def _writable(self) -> None:
         """Returns once the connection takes more bytes; waits for the stream to be
         cancelled if its peer is gone."""
@@ -230,6 +263,11 @@ class AsgiSink:
         if self._closing:
             return
         self._closing = True
+        if self._spans is not None:
+            owed = self._spans.take_pending()
+            self._spans.close()
+            if owed and not self._torn and not self._cycle.transport.is_closing():
+                self._cycle.transport.write(owed)  # (before the body's end, in order)
         if self._torn:
             self.closed.set()
             return
