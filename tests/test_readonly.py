@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from freezer_support import cli_env
+from support import poll
 
 from sandboxkit import AsyncSandbox, FileNotFound
 from sandboxkit.daemon.server import DaemonServer
@@ -70,7 +71,8 @@ async def test_looking_does_not_keep_a_sandbox_alive(
                 try:
                     await read()
                 except FileNotFound:  # the files went with the sandbox, killed meanwhile
-                    assert core.state == "killed"
+                    # (its directory is removed before its state says killed)
+                    await poll(lambda: core.state == "killed", 5, "the kill under way")
                     return
 
         took = await _until(lambda: core.state == "killed", 10, look)
