@@ -94,13 +94,13 @@ class _Follower:
     def _cursor(self) -> int | None:
         return None if self.handle is None else self.handle.cursor
 
-    def stdout(self, text: str) -> None:
+    def stdout(self, data: bytes) -> None:
         if self.active:
-            self.state.feed("stdout", text, self._cursor())
+            self.state.feed_bytes("stdout", data, self._cursor())
 
-    def stderr(self, text: str) -> None:
+    def stderr(self, data: bytes) -> None:
         if self.active:
-            self.state.feed("stderr", text, self._cursor())
+            self.state.feed_bytes("stderr", data, self._cursor())
 
     def gap(self, gap: GapInfo | UnknownGap) -> None:
         """Output the daemon evicted before the panel read it: say so in the terminal.
@@ -338,16 +338,18 @@ class ProcessPanel(WidgetBase):
     async def _connect(
         self, pid: int, cursor: int | None, follower: _Follower
     ) -> AsyncCommandHandle:
-        # lines=False: the raw chunks, "\r" and partial lines included — a terminal
-        # needs the bytes as written, not lines re-cut by the client.
+        # The raw chunks' bytes, "\r" and partial lines included — a terminal needs
+        # the bytes as written, and xterm.js decodes UTF-8 itself: the client decodes
+        # nothing. The state keeps what the panel shows; the handle keeps nothing.
         return await self._sbx.commands.connect(
             pid,
             cursor,
-            on_stdout=follower.stdout,
-            on_stderr=follower.stderr,
+            on_stdout_bytes=follower.stdout,
+            on_stderr_bytes=follower.stderr,
             on_gap=follower.gap,
             lines=False,
             role=self.role,
+            keep_output=False,
         )
 
     async def _attach(self, cursor: int | None) -> None:
