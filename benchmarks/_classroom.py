@@ -366,6 +366,9 @@ def _browser(state: Any, *, panels: int, rate: float, seconds: float) -> dict[st
                 page.on("websocket", lambda ws: ws.on("framereceived", frame))
                 page.goto(server.lab_url("classroom.ipynb"), wait_until="domcontentloaded")
                 page.locator(".jp-Notebook .jp-Cell").first.wait_for(state="visible")
+                # As tests/test_browser_widgets.py: the kernel idle before Run All Cells.
+                kid = deadline_poll(lambda: server.kernel_for("classroom.ipynb"), 60, "kernel")
+                deadline_poll(lambda: server.kernel_state(str(kid)) == "idle", 60, "idle")
                 page.locator(
                     ".jp-NotebookPanel-toolbar .jp-Notebook-ExecutionIndicator[data-status='idle']"
                 ).wait_for(state="attached")
@@ -374,10 +377,14 @@ def _browser(state: Any, *, panels: int, rate: float, seconds: float) -> dict[st
                     ".lm-Menu-item:not(.lm-mod-hidden) .lm-Menu-itemLabel",
                     has_text="Run All Cells",
                 ).first.click()
-                page.locator(".sandboxkit-panel .xterm-rows").nth(panels - 1).wait_for(
-                    state="attached"
-                )
-                page.locator(".sandboxkit-chart canvas").nth(panels - 1).wait_for(state="attached")
+                try:
+                    for widget in (".sandboxkit-panel .xterm-rows", ".sandboxkit-chart canvas"):
+                        page.locator(widget).nth(panels - 1).wait_for(state="attached")
+                except Exception:
+                    page.screenshot(path=str(base / "failure.png"))
+                    shown = page.locator(".jp-OutputArea").first.inner_text()[:3000]
+                    print(f"the widgets did not show ({base}/failure.png):\n{shown}")
+                    raise
                 kernel = deadline_poll(lambda: _kernel_process(server), 30, "the kernel")
                 assert isinstance(kernel, psutil.Process)
                 page.wait_for_timeout(warmup * 1000)  # sleep-ok: let the widgets settle

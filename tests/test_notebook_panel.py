@@ -314,6 +314,41 @@ def test_pump_sends_status_only_when_a_person_would_read_something_new() -> None
     assert pump.next() is None
 
 
+def test_a_panel_sends_at_most_ten_messages_a_second_under_a_flood() -> None:
+    """Issue 22: eight panels on one kernel. Over simulated seconds of a 10 MB/s flood
+    with the status changing all the time, flushes asked for every millisecond (the
+    ticker, action callbacks, anything) and the Pause label changing twice a second,
+    every comm message the panel sends — deltas and label updates alike — fits in 10 a
+    second, and no output waits more than a flush interval (0.1 s) to go out."""
+    clock = FakeClock()
+    state = PanelState(3, clock=clock, max_pending=25_600)
+    pump = DeltaPump(state, min_interval=0.1)
+    start = clock.now
+    sent: list[float] = []  # when each comm message went out
+    waited = 0.0
+    oldest: float | None = None  # when the oldest byte not yet sent arrived
+    for ms in range(3000):
+        clock.now = start + ms / 1000
+        state.feed_bytes("stdout", b"x" * 9_999 + b"\n", cursor=ms + 1)
+        oldest = clock.now if oldest is None else oldest
+        state.update_process(state="running", head=ms + 100 * (ms % 7))
+        if ms % 500 == 0 and pump.ready():  # the Pause button's label: its own message
+            pump.spend()
+            sent.append(clock.now)
+        message = pump.next()
+        if message is not None:
+            sent.append(clock.now)
+            if message[1]:
+                waited, oldest = max(waited, clock.now - oldest), None
+    for t in sent:
+        assert sum(1 for u in sent if t <= u < t + 1.0) <= 10, "more than 10 in a second"
+    assert len(sent) >= 29, "the pump starves the browser"
+    assert waited <= 0.1 + 1e-9, f"output waited {waited:.3f} s"
+    # A view that renders gets the deltas before its snapshot, budget or not.
+    state.feed_bytes("stdout", b"late\n")
+    assert pump.next() is None and pump.next(force=True) is not None
+
+
 def test_a_poll_from_before_an_action_is_not_applied_after_it() -> None:
     state = PanelState(1)
     epoch = state.epoch

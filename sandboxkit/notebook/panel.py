@@ -5,9 +5,10 @@ A button's handler is a named method (``on_reattach``, ``on_kill_restart``,
 widgets are ``panel.widget``, ``panel.terminal`` and ``panel.buttons[label]``.
 
 What goes to the browser (the front end is ``panel.js``, xterm.js inside an anywidget): only
-new bytes, as binary buffers of anywidget custom messages, at most ``flush_hz`` messages a
-second *including* the status line, which rides along only when something a person reads
-changed (:class:`DeltaPump`, ``panel_pump.py``). Beyond ``rate_cap`` bytes a second the
+new bytes, as binary buffers of anywidget custom messages, at most ``flush_hz`` comm
+messages a second *including* the status line, which rides along only when something a
+person reads changed, and the Pause button's label (:class:`DeltaPump`, ``panel_pump.py``;
+a click's result and a view rendering go out at once). Beyond ``rate_cap`` bytes a second the
 newest output is shown after a marker ``… N bytes skipped (cursor a–b)`` (bytes, and the
 chunks a to b-1 in the status line's cursor unit): the kernel keeps at most one flush's
 worth pending, so it never builds a backlog. A (re)rendered view asks for a
@@ -54,7 +55,7 @@ from sandboxkit.client.commands import AsyncCommandHandle
 from sandboxkit.client.stream import GapInfo
 from sandboxkit.errors import CommandExitError, SandboxkitError
 from sandboxkit.notebook._frontend import HERE, VendoredWidget, esm
-from sandboxkit.notebook._runtime import AnySandbox
+from sandboxkit.notebook._runtime import AnySandbox, Ticker
 from sandboxkit.notebook._widget import WidgetBase
 from sandboxkit.notebook.panel_pump import DeltaPump
 from sandboxkit.notebook.panel_state import (
@@ -178,8 +179,11 @@ class ProcessPanel(WidgetBase):
         self._build_widgets(rows, scrollback)
         self.state.update_process(sandbox_state=self._sbx.info.state)
         self._rt.start_background(self._poll_loop(), name=f"sandboxkit-panel-poll-{pid}")
+        self._ticker: Ticker | None = None
         self._starting = self._action(self._attach(cursor))
         self._ticker = self._rt.ticker(self.flush, flush_hz)
+        if self._ticker is not None:  # live: at most flush_hz messages a second, all told
+            self.pump.min_interval = 1.0 / flush_hz
 
     # -- widgets ---------------------------------------------------------------------
 
@@ -224,20 +228,28 @@ class ProcessPanel(WidgetBase):
         now go to the views that have them, then this view gets its snapshot."""
         if self._closed or not isinstance(content, dict) or content.get("type") != "hello":
             return
-        self.flush()
+        self._flush(force=True)  # the snapshot holds these bytes: other views need them
         self._send(self.pump.snapshot(str(content.get("view", ""))))
 
     def flush(self) -> bool:
         """Send the front end what changed since the last flush, as one message at most;
         True if one was sent. Call on the kernel thread (the ticker does, ``flush_hz``
-        times a second at most); with no running loop, call it yourself."""
+        times a second); with no running loop, call it yourself. Live (a ticker runs),
+        the panel sends at most ``flush_hz`` comm messages a second in all — the Pause
+        button's label counts — and a flush too soon after the last leaves the output
+        pending for the next (``DeltaPump.min_interval``); only what a person asked for
+        (a button's result, a view rendering) goes out at once beyond that."""
+        return self._flush()
+
+    def _flush(self, force: bool = False) -> bool:
         if self._closed:
             return False
         self._follow_states()
         label = "Resume" if self.state.sandbox_state == "paused" else "Pause"
-        if self.pause_button.description != label:
-            self.pause_button.description = label
-        message = self.pump.next()
+        if self.pause_button.description != label and (force or self.pump.ready()):
+            self.pause_button.description = label  # a comm message of the button's
+            self.pump.spend()
+        message = self.pump.next(force=force)
         if message is None:
             return False
         self._send(message)
@@ -287,12 +299,14 @@ class ProcessPanel(WidgetBase):
             coro.close()
             raise RuntimeError("this panel is closed")
 
+        # A click's result shows at once, whatever the budget: a person asked for it
+        # (it spends the budget: the ticks make room for it).
         def done(_: None) -> None:
-            self.flush()
+            self._flush(force=True)
 
         def failed(exc: BaseException) -> None:
             self.state.set_error(f"{type(exc).__name__}: {exc}")
-            self.flush()
+            self._flush(force=True)
 
         return self._rt.dispatch(self._locked(coro), done, failed)
 
