@@ -29,6 +29,7 @@ from support import fast_config, poll, wait_until
 from sandboxkit import AsyncSandbox, Sandbox
 from sandboxkit.notebook import PanelState, ProcessPanel
 from sandboxkit.notebook.panel import DeltaPump
+from sandboxkit.notebook.panel_state import count_newlines
 
 # Numbered lines, a few hundred a second, until killed.
 COUNTER = [
@@ -245,6 +246,25 @@ def test_state_counts_lines_across_chunks_and_marks_stderr() -> None:
     assert sent == b"alpha\nbe\x1b[31mwarn\r\n\x1b[0mta\ngam"
     assert state.take_output() == b"", "each byte is sent once"
     assert state.bytes_received == len("alpha\nbewarn\r\nta\ngam")
+
+
+def test_state_takes_raw_bytes_and_never_cuts_a_character_with_the_other_stream() -> None:
+    """The panel reads its stream as bytes (the client decodes nothing): a character
+    split between two chunks is held back until finished, so stderr's colour (or the
+    other stream's bytes) never lands inside it; lines count across big chunks."""
+    state = PanelState(7)
+    euro = "€".encode()  # three bytes
+    state.feed_stdout_bytes(b"price " + euro[:1])
+    state.feed_stderr_bytes(b"oops\n")
+    state.feed_stdout_bytes(euro[1:] + b"\n")
+    sent = state.take_output()
+    assert sent == b"price \x1b[31moops\n\x1b[0m" + euro + b"\n"
+    assert state.bytes_received == len(b"price oops\n") + len(euro) + 1
+    big = b"".join(b"%06d\n" % i for i in range(100_000))  # past the numpy threshold
+    state.feed_stdout_bytes(big)
+    assert state.line_count == 2 + 100_000
+    assert count_newlines(big) == big.count(b"\n") == 100_000
+    assert state.lines[-1] == "099999"
 
 
 def test_state_tail_is_bounded_in_bytes_and_starts_at_a_line() -> None:
