@@ -16,7 +16,13 @@ loop: lateness = time a callback held the loop). Targets (issue 8): <= 10 msgs/s
 panel, <= 3 per chart; bytes <= 1.1 x displayed + a small constant below the rate cap;
 panel + chart <= 10 % of a core beyond the baseline; the loop never blocked > 20 ms.
 
-    python benchmarks/widgets.py [--seconds 10] [--json out.json]
+    python benchmarks/widgets.py [--seconds 10] [--json]
+
+``--panels N`` runs the classroom instead (issue 22, ``_classroom.py``): N panels and N
+charts on N producers of ``--rate`` bytes/s in one kernel, then in chromium
+(``--no-browser`` skips that phase):
+
+    python benchmarks/widgets.py --panels 8 [--seconds 8] [--json]
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import _classroom
 import psutil
 from _daemon import local_daemon
 from jupyter_client.manager import start_new_kernel
@@ -192,9 +199,20 @@ def scenario(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--seconds", type=float, help="per run (default 10; classroom 8)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--panels", type=int, default=0, help="run the classroom of N panels")
+    parser.add_argument("--rate", type=float, default=10e6, help="classroom producer bytes/s")
+    parser.add_argument("--no-browser", action="store_true", help="classroom: kernel only")
+    parser.add_argument(
+        "--profile", action="store_true", help="classroom: sample the kernel's threads (stderr)"
+    )
     args = parser.parse_args()
+    if args.panels > 0:
+        args.seconds = args.seconds or 8.0
+        classroom(args)
+        return
+    args.seconds = args.seconds or 10.0
     with local_daemon() as (_process, state):
         km, kc = start_new_kernel(kernel_name="python3")
         try:
@@ -232,10 +250,46 @@ def main() -> None:
         "probe_worst_ms": {k: v["probe_worst_ms"] for k, v in results.items()},
     }
     report = {"runs": results, "summary": summary}
-    print(json.dumps(report, indent=2))
+    print(json.dumps(report) if args.json else json.dumps(report, indent=2))
+
+
+def classroom(args: argparse.Namespace) -> None:
+    """``--panels N``: the classroom (see ``_classroom.py``)."""
+    with local_daemon() as (_process, state):
+        result = _classroom.run(
+            state,
+            panels=args.panels,
+            rate=args.rate,
+            seconds=args.seconds,
+            browser=not args.no_browser,
+            profile=args.profile,
+        )
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
+        print(json.dumps(result))
+        return
+    kernel = result["kernel"]
+    print(f"{args.panels} panels + {args.panels} charts, producers at {args.rate / 1e6:g} MB/s")
+    print(f"  load average              {result['load_average']}")
+    print(f"  kernel CPU                {kernel['kernel_cpu_core_fraction']:.1%} of a core")
+    print(f"  comm msgs/s per panel     {kernel['panel_msgs_per_s']}")
+    print(f"  comm msgs/s per chart     {kernel['chart_msgs_per_s']}")
+    print(f"  to the browser            {kernel['frontend_bytes_per_s'] / 1e6:.2f} MB/s")
+    print(f"  output received           {kernel['received_bytes_per_s'] / 1e6:.1f} MB/s")
+    print(
+        f"  worst loop stall          {kernel['probe_worst_ms']} ms"
+        f" ({kernel['probe_over_20ms']} over 20 ms)"
+    )
+    alone = kernel["streams_only"]
+    print(
+        f"  the streams alone         {alone['kernel_cpu_core_fraction']:.1%} of a core at"
+        f" {alone['received_bytes_per_s'] / 1e6:.1f} MB/s, worst stall {alone['probe_worst_ms']} ms"
+    )
+    if "browser" in result:
+        browser = result["browser"]
+        print(f"  browser frames/s          {browser['frames_per_s']}")
+        print(f"  browser websocket         {browser['websocket_bytes_per_s'] / 1e6:.2f} MB/s")
+        print(f"  kernel CPU (browser run)  {browser['kernel_cpu_core_fraction']:.1%} of a core")
+    print(f"  goals met                 {result['goals_met']}")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from support import fast_config, poll, wait_until
 from sandboxkit import AsyncSandbox, Sandbox
 from sandboxkit.notebook import PanelState, ProcessPanel
 from sandboxkit.notebook.panel import DeltaPump
+from sandboxkit.notebook.panel_state import count_newlines
 
 # Numbered lines, a few hundred a second, until killed.
 COUNTER = [
@@ -247,6 +248,25 @@ def test_state_counts_lines_across_chunks_and_marks_stderr() -> None:
     assert state.bytes_received == len("alpha\nbewarn\r\nta\ngam")
 
 
+def test_state_takes_raw_bytes_and_never_cuts_a_character_with_the_other_stream() -> None:
+    """The panel reads its stream as bytes (the client decodes nothing): a character
+    split between two chunks is held back until finished, so stderr's colour (or the
+    other stream's bytes) never lands inside it; lines count across big chunks."""
+    state = PanelState(7)
+    euro = "€".encode()  # three bytes
+    state.feed_stdout_bytes(b"price " + euro[:1])
+    state.feed_stderr_bytes(b"oops\n")
+    state.feed_stdout_bytes(euro[1:] + b"\n")
+    sent = state.take_output()
+    assert sent == b"price \x1b[31moops\n\x1b[0m" + euro + b"\n"
+    assert state.bytes_received == len(b"price oops\n") + len(euro) + 1
+    big = b"".join(b"%06d\n" % i for i in range(100_000))  # past the numpy threshold
+    state.feed_stdout_bytes(big)
+    assert state.line_count == 2 + 100_000
+    assert count_newlines(big) == big.count(b"\n") == 100_000
+    assert state.lines[-1] == "099999"
+
+
 def test_state_tail_is_bounded_in_bytes_and_starts_at_a_line() -> None:
     state = PanelState(1, tail_bytes=1024)
     state.feed_stdout("".join(f"line {i:04d}\n" for i in range(1000)))  # 10 kB
@@ -312,6 +332,41 @@ def test_pump_sends_status_only_when_a_person_would_read_something_new() -> None
     pump.next()
     clock.now += 3
     assert pump.next() is None
+
+
+def test_a_panel_sends_at_most_ten_messages_a_second_under_a_flood() -> None:
+    """Issue 22: eight panels on one kernel. Over simulated seconds of a 10 MB/s flood
+    with the status changing all the time, flushes asked for every millisecond (the
+    ticker, action callbacks, anything) and the Pause label changing twice a second,
+    every comm message the panel sends — deltas and label updates alike — fits in 10 a
+    second, and no output waits more than a flush interval (0.1 s) to go out."""
+    clock = FakeClock()
+    state = PanelState(3, clock=clock, max_pending=25_600)
+    pump = DeltaPump(state, min_interval=0.1)
+    start = clock.now
+    sent: list[float] = []  # when each comm message went out
+    waited = 0.0
+    oldest: float | None = None  # when the oldest byte not yet sent arrived
+    for ms in range(3000):
+        clock.now = start + ms / 1000
+        state.feed_bytes("stdout", b"x" * 9_999 + b"\n", cursor=ms + 1)
+        oldest = clock.now if oldest is None else oldest
+        state.update_process(state="running", head=ms + 100 * (ms % 7))
+        if ms % 500 == 0 and pump.ready():  # the Pause button's label: its own message
+            pump.spend()
+            sent.append(clock.now)
+        message = pump.next()
+        if message is not None:
+            sent.append(clock.now)
+            if message[1]:
+                waited, oldest = max(waited, clock.now - oldest), None
+    for t in sent:
+        assert sum(1 for u in sent if t <= u < t + 1.0) <= 10, "more than 10 in a second"
+    assert len(sent) >= 29, "the pump starves the browser"
+    assert waited <= 0.1 + 1e-9, f"output waited {waited:.3f} s"
+    # A view that renders gets the deltas before its snapshot, budget or not.
+    state.feed_bytes("stdout", b"late\n")
+    assert pump.next() is None and pump.next(force=True) is not None
 
 
 def test_a_poll_from_before_an_action_is_not_applied_after_it() -> None:

@@ -5,9 +5,10 @@ A button's handler is a named method (``on_reattach``, ``on_kill_restart``,
 widgets are ``panel.widget``, ``panel.terminal`` and ``panel.buttons[label]``.
 
 What goes to the browser (the front end is ``panel.js``, xterm.js inside an anywidget): only
-new bytes, as binary buffers of anywidget custom messages, at most ``flush_hz`` messages a
-second *including* the status line, which rides along only when something a person reads
-changed (:class:`DeltaPump`, ``panel_pump.py``). Beyond ``rate_cap`` bytes a second the
+new bytes, as binary buffers of anywidget custom messages, at most ``flush_hz`` comm
+messages a second *including* the status line, which rides along only when something a
+person reads changed, and the Pause button's label (:class:`DeltaPump`, ``panel_pump.py``;
+a click's result and a view rendering go out at once). Beyond ``rate_cap`` bytes a second the
 newest output is shown after a marker ``… N bytes skipped (cursor a–b)`` (bytes, and the
 chunks a to b-1 in the status line's cursor unit): the kernel keeps at most one flush's
 worth pending, so it never builds a backlog. A (re)rendered view asks for a
@@ -54,7 +55,7 @@ from sandboxkit.client.commands import AsyncCommandHandle
 from sandboxkit.client.stream import GapInfo
 from sandboxkit.errors import CommandExitError, SandboxkitError
 from sandboxkit.notebook._frontend import HERE, VendoredWidget, esm
-from sandboxkit.notebook._runtime import AnySandbox
+from sandboxkit.notebook._runtime import AnySandbox, Ticker
 from sandboxkit.notebook._widget import WidgetBase
 from sandboxkit.notebook.panel_pump import DeltaPump
 from sandboxkit.notebook.panel_state import (
@@ -95,13 +96,13 @@ class _Follower:
     def _cursor(self) -> int | None:
         return None if self.handle is None else self.handle.cursor
 
-    def stdout(self, text: str) -> None:
+    def stdout(self, data: bytes) -> None:
         if self.active:
-            self.state.feed("stdout", text, self._cursor())
+            self.state.feed_bytes("stdout", data, self._cursor())
 
-    def stderr(self, text: str) -> None:
+    def stderr(self, data: bytes) -> None:
         if self.active:
-            self.state.feed("stderr", text, self._cursor())
+            self.state.feed_bytes("stderr", data, self._cursor())
 
     def gap(self, gap: GapInfo | UnknownGap) -> None:
         """Output the daemon evicted before the panel read it: say so in the terminal.
@@ -179,8 +180,11 @@ class ProcessPanel(WidgetBase):
         self._build_widgets(rows, scrollback)
         self.state.update_process(sandbox_state=self._sbx.info.state)
         self._rt.start_background(self._poll_loop(), name=f"sandboxkit-panel-poll-{pid}")
+        self._ticker: Ticker | None = None
         self._starting = self._action(self._attach(cursor))
         self._ticker = self._rt.ticker(self.flush, flush_hz)
+        if self._ticker is not None:  # live: at most flush_hz messages a second, all told
+            self.pump.min_interval = 1.0 / flush_hz
 
     # -- widgets ---------------------------------------------------------------------
 
@@ -225,20 +229,28 @@ class ProcessPanel(WidgetBase):
         now go to the views that have them, then this view gets its snapshot."""
         if self._closed or not isinstance(content, dict) or content.get("type") != "hello":
             return
-        self.flush()
+        self._flush(force=True)  # the snapshot holds these bytes: other views need them
         self._send(self.pump.snapshot(str(content.get("view", ""))))
 
     def flush(self) -> bool:
         """Send the front end what changed since the last flush, as one message at most;
         True if one was sent. Call on the kernel thread (the ticker does, ``flush_hz``
-        times a second at most); with no running loop, call it yourself."""
+        times a second); with no running loop, call it yourself. Live (a ticker runs),
+        the panel sends at most ``flush_hz`` comm messages a second in all — the Pause
+        button's label counts — and a flush too soon after the last leaves the output
+        pending for the next (``DeltaPump.min_interval``); only what a person asked for
+        (a button's result, a view rendering) goes out at once beyond that."""
+        return self._flush()
+
+    def _flush(self, force: bool = False) -> bool:
         if self._closed:
             return False
         self._follow_states()
         label = "Resume" if self.state.sandbox_state == "paused" else "Pause"
-        if self.pause_button.description != label:
-            self.pause_button.description = label
-        message = self.pump.next()
+        if self.pause_button.description != label and (force or self.pump.ready()):
+            self.pause_button.description = label  # a comm message of the button's
+            self.pump.spend()
+        message = self.pump.next(force=force)
         if message is None:
             return False
         self._send(message)
@@ -288,12 +300,14 @@ class ProcessPanel(WidgetBase):
             coro.close()
             raise RuntimeError("this panel is closed")
 
+        # A click's result shows at once, whatever the budget: a person asked for it
+        # (it spends the budget: the ticks make room for it).
         def done(_: None) -> None:
-            self.flush()
+            self._flush(force=True)
 
         def failed(exc: BaseException) -> None:
             self.state.set_error(f"{type(exc).__name__}: {exc}")
-            self.flush()
+            self._flush(force=True)
 
         return self._rt.dispatch(self._locked(coro), done, failed)
 
@@ -339,16 +353,18 @@ class ProcessPanel(WidgetBase):
     async def _connect(
         self, pid: int, cursor: int | None, follower: _Follower
     ) -> AsyncCommandHandle:
-        # lines=False: the raw chunks, "\r" and partial lines included — a terminal
-        # needs the bytes as written, not lines re-cut by the client.
+        # The raw chunks' bytes, "\r" and partial lines included — a terminal needs
+        # the bytes as written, and xterm.js decodes UTF-8 itself: the client decodes
+        # nothing. The state keeps what the panel shows; the handle keeps nothing.
         return await self._sbx.commands.connect(
             pid,
             cursor,
-            on_stdout=follower.stdout,
-            on_stderr=follower.stderr,
+            on_stdout_bytes=follower.stdout,
+            on_stderr_bytes=follower.stderr,
             on_gap=follower.gap,
             lines=False,
             role=self.role,
+            keep_output=False,
         )
 
     async def _attach(self, cursor: int | None) -> None:

@@ -19,12 +19,17 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
+from sandboxkit.client.output import incomplete_tail
+
 __all__ = [
     "DEFAULT_RATE_CAP",
     "DEFAULT_SCROLLBACK",
     "DEFAULT_TAIL_BYTES",
     "PanelSnapshot",
     "PanelState",
+    "count_newlines",
     "format_rate",
 ]
 
@@ -39,6 +44,54 @@ DEFAULT_TAIL_BYTES = 256 * 1024
 DEFAULT_SCROLLBACK = 5000
 
 
+_NUMPY_FROM = 4096
+
+
+def count_newlines(data: bytes) -> int:
+    """``data.count(b"\\n")``, six times faster on big chunks (numpy compares 32 bytes
+    at a time; ``bytes.count`` looks at one): eight 10 MB/s panels count 80 MB a
+    second."""
+    if len(data) < _NUMPY_FROM:
+        return data.count(b"\n")
+    return int(np.count_nonzero(np.frombuffer(data, np.uint8) == 10))
+
+
+class _Chunks:
+    """Bytes kept as the chunks they came in, the first ``skip`` bytes dropped: appends
+    and drops at the front copy nothing (``join`` copies once, when they are sent)."""
+
+    __slots__ = ("chunks", "size", "skip")
+
+    def __init__(self) -> None:
+        self.chunks: deque[bytes] = deque()
+        self.size = 0
+        self.skip = 0
+
+    def __len__(self) -> int:
+        return self.size
+
+    def append(self, data: bytes) -> None:
+        self.chunks.append(data)
+        self.size += len(data)
+
+    def drop(self, n: int) -> None:
+        """Forget the oldest ``n`` bytes (``n <= len(self)``)."""
+        self.size -= n
+        n += self.skip
+        chunks = self.chunks
+        while chunks and len(chunks[0]) <= n:
+            n -= len(chunks.popleft())
+        self.skip = n
+
+    def join(self) -> bytes:
+        if not self.chunks:
+            return b""
+        if len(self.chunks) == 1 and not self.skip:
+            return self.chunks[0]
+        first = memoryview(self.chunks[0])[self.skip :]
+        return b"".join([first, *list(self.chunks)[1:]])
+
+
 def _display_line(line: str) -> str:
     """A carriage return rewrites the line in a terminal: show what remains visible."""
     line = _ANSI.sub("", line)
@@ -47,12 +100,12 @@ def _display_line(line: str) -> str:
     return line
 
 
-def _from_line_start(data: bytes | bytearray) -> bytes:
+def _from_line_start(data: bytes) -> bytes:
     """``data`` from just after its first newline (a cut in the middle of a line, an
     escape sequence or a UTF-8 character would garble the first row), or all of it when it
     holds no newline."""
     nl = data.find(b"\n")
-    return bytes(data[nl + 1 :]) if nl >= 0 else bytes(data)
+    return data[nl + 1 :] if nl >= 0 else data
 
 
 @dataclass(frozen=True)
@@ -160,9 +213,10 @@ class PanelState:
 
     def _reset(self, pid: int) -> None:
         self.pid = pid
-        self._tail = bytearray()
+        self._tail = _Chunks()
         self._tail_cut = False
-        self._pending = bytearray()
+        self._pending = _Chunks()
+        self._partial = {"stdout": b"", "stderr": b""}  # an unfinished UTF-8 character
         # Display bytes are counted from the start (``_shown``); the first pending one
         # is at ``_pending_at``. ``_marks`` maps pending output to the stream's cursors:
         # (display offset where a chunk ends, the cursor after it), so a skip marker can
@@ -217,10 +271,12 @@ class PanelState:
     def _append(self, data: bytes, cursors: tuple[int, int] | None = None) -> None:
         """Add display bytes to the tail and to the pending bytes (both bounded);
         ``cursors``: the stream's cursor before and after them, if they are output."""
-        self._tail += data
+        # Chunks are kept as they came, never copied here: at 10 MB/s a bytearray tail
+        # that is appended to and cut at the front is copied whole at every chunk.
+        self._tail.append(data)
         excess = len(self._tail) - self.tail_bytes
         if excess > 0:
-            del self._tail[:excess]
+            self._tail.drop(excess)
             self._tail_cut = True
         if not self._pending:
             self._pending_at = self._shown
@@ -231,12 +287,12 @@ class PanelState:
             if self._pending_cursor is None:
                 self._pending_cursor = cursors[0]
             self._marks.append((self._shown, cursors[1]))
-        self._pending += data
+        self._pending.append(data)
         excess = len(self._pending) - self.max_pending
         if excess > 0:
             if not self._skipped:
                 self._skip_from = self._pending_cursor
-            del self._pending[:excess]
+            self._pending.drop(excess)
             self._skipped += excess
             self._pending_at += excess
             self._forget_marks(self._pending_at)
@@ -257,23 +313,39 @@ class PanelState:
 
     def feed(self, stream: str, text: str, cursor: int | None = None) -> None:
         """Add decoded output of ``stream``; ``cursor`` is the stream's cursor after it."""
+        self.feed_bytes(stream, text.encode("utf-8", "surrogateescape"), cursor)
+
+    def feed_bytes(self, stream: str, data: bytes, cursor: int | None = None) -> None:
+        """Add output of ``stream`` as the process wrote it (no decoding: the browser's
+        terminal decodes UTF-8); ``cursor`` is the stream's cursor after it."""
         stream = "stderr" if stream == "stderr" else "stdout"
         now = self.clock()
         with self._lock:
             before = self.cursor
             if cursor is not None:
                 self._set_cursor(cursor)
-            if not text:
+            if not data:
                 self._bump()
                 return
-            data = text.encode("utf-8", "surrogateescape")
             size = len(data)
             self.bytes_received += size
             self.chunks += 1
-            self.line_count += data.count(b"\n")
+            self.line_count += count_newlines(data)
             self.last_byte_at = now
             self._recent.append((now, size))
             self._trim_recent(now)
+            # A character cut between two chunks is finished before it is shown: the
+            # other stream's bytes (and stderr's colour) must not land inside it.
+            held = self._partial[stream]
+            if held:
+                data = held + data
+            cut = incomplete_tail(data) if data[-1] >= 0x80 else 0
+            self._partial[stream] = data[len(data) - cut :] if cut else b""
+            if cut:
+                data = data[: len(data) - cut]
+                if not data:
+                    self._bump()
+                    return
             if stream == "stderr":
                 data = _STDERR_ON + data + _SGR_OFF
             cursors = None
@@ -283,6 +355,14 @@ class PanelState:
                 cursors = (start, cursor)
             self._append(data, cursors)
             self._bump()
+
+    def feed_stdout_bytes(self, data: bytes, cursor: int | None = None) -> None:
+        """:meth:`feed_bytes` for stdout (usable as an ``on_stdout_bytes`` callback)."""
+        self.feed_bytes("stdout", data, cursor)
+
+    def feed_stderr_bytes(self, data: bytes, cursor: int | None = None) -> None:
+        """:meth:`feed_bytes` for stderr (usable as an ``on_stderr_bytes`` callback)."""
+        self.feed_bytes("stderr", data, cursor)
 
     def feed_stdout(self, text: str, cursor: int | None = None) -> None:
         """:meth:`feed` for stdout (usable as an ``on_stdout`` callback)."""
@@ -363,7 +443,7 @@ class PanelState:
         """The pending display bytes (emptied): a skip marker first when the rate cap
         dropped some, then the newest output from a line start."""
         with self._lock:
-            data, self._pending = bytes(self._pending), bytearray()
+            data, self._pending = self._pending.join(), _Chunks()
             skipped, self._skipped = self._skipped, 0
             if not skipped:
                 self._marks.clear()
@@ -383,7 +463,8 @@ class PanelState:
     def tail(self) -> bytes:
         """The kept byte tail (at most ``tail_bytes``), from a line start if it was cut."""
         with self._lock:
-            return _from_line_start(self._tail) if self._tail_cut else bytes(self._tail)
+            tail = self._tail.join()
+            return _from_line_start(tail) if self._tail_cut else tail
 
     # -- readers ---------------------------------------------------------------------
 
