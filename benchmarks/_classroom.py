@@ -55,15 +55,7 @@ while time.monotonic() - t0 < seconds:
         time.sleep(delay)  # sleep-ok: the producer's pace
 """
 
-# One cell: N sandboxes, each with a producer, a panel and a chart; a loop-lag probe.
-CLASSROOM = """
-import asyncio, json, sys, time
-from IPython.display import display
-from sandboxkit import Sandbox
-from sandboxkit.notebook import BackpressureChart, ProcessPanel
-
-PRODUCER = {producer!r}
-
+PROBE = """
 class Probe:
     \"\"\"Sleeps 5 ms in a loop on the kernel's loop: lateness = a callback held it.\"\"\"
     def __init__(self):
@@ -77,7 +69,19 @@ class Probe:
             late = time.perf_counter() - t - 0.005
             self.worst = max(self.worst, late)
             self.over += late > 0.020
+"""
+"""A loop-lag probe for the kernel's loop (the worst lateness, and how often over 20 ms)."""
 
+# One cell: N sandboxes, each with a producer, a panel and a chart; a loop-lag probe.
+CLASSROOM = """
+import asyncio, json, sys, time
+from IPython.display import display
+from sandboxkit import Sandbox
+from sandboxkit.notebook import BackpressureChart, ProcessPanel
+
+PRODUCER = {producer!r}
+
+{probe}
 class Dropped:
     # A plain stream whose bytes are counted and dropped (stands in for a panel).
     def __init__(self, sbx, pid):
@@ -208,6 +212,7 @@ def _cell(state: Any, panels: int, rate: float, seconds: float, widgets: bool = 
     return CLASSROOM.format(
         widgets=widgets,
         producer=textwrap.dedent(PRODUCER),
+        probe=PROBE,
         panels=panels,
         url=state.url,
         token=state.token,

@@ -41,38 +41,12 @@ import psutil
 from _daemon import local_daemon
 from jupyter_client.manager import start_new_kernel
 
-PRODUCER = """
-import sys, time
-rate, seconds = float(sys.argv[1]), float(sys.argv[2])
-line = b"x" * 99 + b"\\n"
-chunk = line * max(1, int(rate / 100 / 50))  # ~50 writes a second
-t0 = time.monotonic()
-sent = 0
-while time.monotonic() - t0 < seconds:
-    sys.stdout.buffer.write(chunk)
-    sys.stdout.buffer.flush()
-    sent += len(chunk)
-    delay = t0 + sent / rate - time.monotonic()
-    if delay > 0:
-        time.sleep(delay)  # sleep-ok: the producer's pace
-"""
-
 SETUP = """
 import asyncio, json, sys, time
 from sandboxkit import Sandbox
 from sandboxkit.notebook import BackpressureChart, ProcessPanel
 PRODUCER = {producer!r}
-
-class Probe:
-    def __init__(self):
-        self.worst = 0.0
-        self.task = asyncio.get_running_loop().create_task(self.run())
-    async def run(self):
-        while True:
-            t = time.perf_counter()
-            await asyncio.sleep(0.005)
-            self.worst = max(self.worst, time.perf_counter() - t - 0.005)
-"""
+{probe}"""
 
 START = """
 sbx = Sandbox.create(url={url!r}, token={token!r}, timeout=120)
@@ -217,7 +191,13 @@ def main() -> None:
         km, kc = start_new_kernel(kernel_name="python3")
         try:
             kernel = psutil.Process(km.provisioner.pid)  # type: ignore[union-attr]
-            run(kc, kernel, SETUP.format(producer=textwrap.dedent(PRODUCER)), 0.0, Traffic())
+            run(
+                kc,
+                kernel,
+                SETUP.format(producer=textwrap.dedent(_classroom.PRODUCER), probe=_classroom.PROBE),
+                0.0,
+                Traffic(),
+            )
             results = {
                 "baseline": scenario(
                     kc, kernel, state, rate=10e6, seconds=args.seconds, widgets=False
