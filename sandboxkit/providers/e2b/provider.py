@@ -14,7 +14,7 @@ from sandboxkit.client.results import SandboxInfo
 from sandboxkit.client.sandbox import AsyncSandbox
 from sandboxkit.errors import ProviderUnsupported, SandboxNotFound
 from sandboxkit.providers.e2b.sandbox import E2BSandbox
-from sandboxkit.providers.e2b.session import E2BSession
+from sandboxkit.providers.e2b.session import E2BSession, no_control_plane
 from sandboxkit.providers.e2b.target import DEBUG_SANDBOXES, DEFAULT_LOG_BYTES, Target
 from sandboxkit.vocab import SandboxState
 
@@ -29,13 +29,7 @@ def _lifecycle(options: CreateOptions, target: Target) -> dict[str, Any] | None:
         return None
     if target.debug:
         operation = "auto_resume" if options.on_timeout == "kill" else "on_timeout"
-        raise ProviderUnsupported(
-            f"E2B's debug mode has no control plane, so no {operation}: it needs E2B's "
-            "cloud (set E2B_API_KEY) or a sandboxkit daemon's control plane "
-            "(sandboxkit serve --envd; see docs/e2b.md)",
-            provider="e2b",
-            operation=operation,
-        )
+        raise no_control_plane(operation)
     if options.on_timeout != "pause":
         raise ProviderUnsupported(
             "E2B resumes only a sandbox its timeout paused: auto_resume=True needs "

@@ -156,10 +156,15 @@ class E2BSession:
     def cloud_only(self, operation: str) -> None:
         """ProviderUnsupported in debug mode, which has no control plane."""
         if self.debug:
-            raise ProviderUnsupported(
-                f"E2B's debug mode has no control plane, so no {operation}: it needs E2B's "
-                "cloud (set E2B_API_KEY) or a sandboxkit daemon's control plane "
-                "(sandboxkit serve --envd; see docs/e2b.md)",
-                provider="e2b",
-                operation=operation,
-            )
+            raise no_control_plane(operation)
+
+
+def no_control_plane(operation: str) -> ProviderUnsupported:
+    """What asking debug mode for ``operation`` raises: it has no control plane."""
+    return ProviderUnsupported(
+        f"E2B's debug mode has no control plane, so no {operation}: it needs E2B's "
+        "cloud (set E2B_API_KEY) or a sandboxkit daemon's control plane "
+        "(sandboxkit serve --envd; see docs/e2b.md)",
+        provider="e2b",
+        operation=operation,
+    )
