@@ -1,11 +1,13 @@
-"""Shared fixtures: an in-process daemon on loopback, a plain-asyncio host, and a guard
-that fails any test leaving a process behind."""
+"""Shared fixtures: an in-process daemon on loopback, a plain-asyncio host, a guard that
+fails any test leaving a process behind, and for the browser tests one JupyterLab for the
+run and a chromium per module."""
 
 from __future__ import annotations
 
 import os
 import time
 from collections.abc import AsyncIterator, Iterator
+from typing import TYPE_CHECKING
 
 import psutil
 import pytest
@@ -27,6 +29,10 @@ from support import fast_config
 from sandboxkit.daemon.config import DaemonConfig
 from sandboxkit.daemon.host import Host
 from sandboxkit.daemon.server import DaemonServer
+
+if TYPE_CHECKING:
+    from jupyter_harness import SharedLab
+    from playwright.sync_api import Browser
 
 
 @pytest.fixture
@@ -69,9 +75,37 @@ async def host() -> AsyncIterator[Host]:
         yield h
 
 
+@pytest.fixture(scope="session")
+def jupyter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedLab]:
+    """One JupyterLab server for every browser test of the run; each test takes a notebook
+    (and kernel, and daemon) of its own from it (see ``jupyter_harness.SharedLab``)."""
+    from jupyter_harness import SharedLab, require_browser_stack
+
+    require_browser_stack()
+    with SharedLab.running(tmp_path_factory.mktemp("jupyter")) as lab:
+        yield lab
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """Headless chromium for a module's browser tests (each test opens its own context);
+    at the module's end, whatever it started is ended."""
+    from jupyter_harness import chromium, require_browser_stack
+
+    require_browser_stack()
+    with chromium() as b:
+        yield b
+
+
 @pytest.fixture(autouse=True)
-def no_leaked_processes() -> Iterator[None]:
-    """Every process a test starts must be gone when it ends."""
+def no_leaked_processes(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every process a test starts must be gone when it ends. A browser test's are checked
+    by what starts them, which outlive a test on purpose (the ``browser`` of a module, the
+    ``jupyter`` of the run), each for what it started: a notebook for its kernel and daemon
+    (``SharedLab.notebook``), the browser and the server for their own processes."""
+    if request.node.get_closest_marker("browser") is not None:
+        yield
+        return
     me = psutil.Process(os.getpid())
     before = {p.pid for p in me.children(recursive=True)}
     yield

@@ -1,14 +1,20 @@
-"""A throwaway JupyterLab server plus Debian's chromium, for the real-browser notebook test.
+"""A throwaway JupyterLab server plus Debian's chromium, for the real-browser notebook tests.
 
 Everything lives under one temporary directory (the ``marker``): the notebook copies, the
 Jupyter config/data/runtime dirs, the lab settings, the browser profile and the sandboxkit
-state file. Processes are found again by that marker in their command line, so the test can
-prove that it left nothing running.
+state file. Processes are found again by that marker in their command line or environment,
+so a test can prove that it left nothing running.
+
+:class:`SharedLab` is the one server every browser test of a run shares (the ``jupyter``
+fixture in conftest.py): each test gets a notebook of its own from
+:meth:`SharedLab.notebook` (its own directory, kernel and sandboxkit daemon), opened and run
+by :meth:`Notebook.open`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import re
@@ -23,10 +29,15 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import psutil
+import pytest
 from support import wait_until
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser, BrowserContext, Page
 
 CHROMIUM = "/usr/bin/chromium"
 INSTALL_HINT = "run `bash scripts/install-system.sh` (as root: apt-get install -y chromium)"
@@ -72,6 +83,23 @@ SERVER_CONFIG: dict[str, dict[str, object]] = {
 
 def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def require_browser_stack(*more_modules: str) -> None:
+    """Skip (fail under ``CI=true``) when chromium or a Python package the browser tests
+    need is missing."""
+    missing = []
+    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
+        missing.append(f"{CHROMIUM} ({INSTALL_HINT})")
+    for module in ("playwright", "jupyterlab", "ipykernel", "ipywidgets", *more_modules):
+        if importlib.util.find_spec(module) is None:
+            missing.append(f"python package {module!r} (pip install -e '.[test]')")
+    if not missing:
+        return
+    message = "real-browser notebook test needs: " + "; ".join(missing)
+    if in_ci():
+        pytest.fail(message + "  [CI=true: this is required, not optional]", pytrace=False)
+    pytest.skip(message)
 
 
 def free_port() -> int:
@@ -305,14 +333,26 @@ class JupyterLab:
         values.pop("windowingMode", None)
         if mode is not None:
             values["windowingMode"] = mode
+        self.set_settings("@jupyterlab/notebook-extension:tracker", values)
+        self.windowing_mode = mode
+
+    def set_settings(self, plugin_id: str, values: dict[str, object]) -> None:
+        """Replace a lab plugin's user settings, for pages opened from now on."""
         r = httpx.put(
-            f"{self.url}/lab/api/settings/@jupyterlab/notebook-extension:tracker",
+            f"{self.url}/lab/api/settings/{plugin_id}",
             headers={"Authorization": f"token {self.token}"},
             json={"raw": json.dumps(values)},
             timeout=10.0,
         )
         assert r.status_code in (200, 204), (r.status_code, r.text[:500])
-        self.windowing_mode = mode
+
+    def shutdown_sessions(self, notebook: str) -> None:
+        """End the sessions (and so the kernels) open on ``notebook``."""
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            for s in self.api("GET", "/api/sessions").json():
+                if s.get("path") == notebook:
+                    with contextlib.suppress(httpx.HTTPError):
+                        self.api("DELETE", f"/api/sessions/{s['id']}", timeout=15.0)
 
     def kernel_for(self, notebook: str) -> str | None:
         """The id of the kernel of the session open on ``notebook``, if any."""
@@ -397,3 +437,298 @@ def timed(timings: dict[str, float], name: str) -> Iterator[None]:
         yield
     finally:
         timings[name] = round(time.monotonic() - t0, 2)
+
+
+# -- one server for the run; a notebook, kernel and daemon of its own per test -------------
+
+_RUN_MENU = ".lm-MenuBar-itemLabel"
+_MENU_ITEM = ".lm-Menu-item:not(.lm-mod-hidden) .lm-Menu-itemLabel"
+
+
+def wait_for_leftovers(procs: list[psutil.Process], what: str, failed: bool) -> None:
+    """Give ``procs`` 10 s to end (SIGTERM handlers); end the stragglers and, unless the
+    test already failed, fail it naming them."""
+    left = still_alive(procs)
+    deadline = time.monotonic() + 10
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)  # sleep-ok: a poll with a deadline
+        left = still_alive(left)
+    if left:
+        names = describe(left)
+        reap(left)
+        if not failed:
+            pytest.fail(f"{what} left processes running: {names}")
+
+
+@contextlib.contextmanager
+def chromium() -> Iterator[Browser]:
+    """Debian's chromium under Playwright; at the end, whatever it started is ended."""
+    from playwright.sync_api import sync_playwright
+
+    me = psutil.Process(os.getpid())
+    before = {p.pid for p in me.children()}
+    tracked: list[psutil.Process] = []
+    failed = False
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(
+                executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+            )
+            # Playwright's driver, the browser's parent: what to check at the end (not
+            # whatever else this process starts meanwhile, a shared JupyterLab's kernels).
+            drivers = [p for p in me.children() if p.pid not in before]
+            try:
+                yield browser
+            finally:
+                for driver in drivers:
+                    tracked += descendants(driver.pid)
+                browser.close()
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        wait_for_leftovers(still_alive(tracked), "the browser", failed)
+
+
+class SharedLab:
+    """One JupyterLab server for every browser test of a run (starting one costs 10-30 s
+    on a loaded 2-core machine). It serves Notebook 7's pages (``/notebooks/...``) too.
+
+    Tests stay independent: :meth:`notebook` gives each its own directory under the
+    root, its own kernel (a kernelspec of its own, whose environment names the test's own
+    sandboxkit state file, so the kernel starts a daemon of its own), and at the end shuts
+    that kernel down, stops that daemon and fails the test if anything it started still
+    runs. Lab settings a test changes (:meth:`settings`) are put back when it ends."""
+
+    def __init__(self, base: Path) -> None:
+        self.server = JupyterLab(base, [], windowing_mode="none")
+        self.before = snapshot_pids()
+        self._count = 0
+
+    @classmethod
+    @contextlib.contextmanager
+    def running(cls, base: Path) -> Iterator[SharedLab]:
+        """The server, started; at the end stopped, and nothing it started left behind."""
+        lab = cls(base)
+        failed = False
+        try:
+            lab.server.start().wait_ready(timeout=90)
+            yield lab
+        except BaseException:
+            failed = True
+            raise
+        finally:
+            tracked = descendants(lab.server.proc.pid if lab.server.proc else None)
+            lab.server.stop()
+            left = tracked + suspects(str(base), lab.before)
+            wait_for_leftovers(left, "the shared JupyterLab", failed)
+
+    @contextlib.contextmanager
+    def settings(self, plugin_id: str, values: dict[str, object]) -> Iterator[None]:
+        """``values`` as a lab plugin's user settings while the block runs (for pages
+        opened in it)."""
+        self.server.set_settings(plugin_id, values)
+        try:
+            yield
+        finally:
+            self.server.set_settings(plugin_id, LAB_SETTINGS.get(plugin_id, {}))
+
+    @contextlib.contextmanager
+    def notebook(
+        self, source: list[str] | Path, name: str = "notebook.ipynb"
+    ) -> Iterator[Notebook]:
+        """A notebook of its own: the code ``source`` cells (or a copy of the notebook at
+        ``source``), with a kernel and a daemon of its own; at the end its pages are closed,
+        its kernel shut down, its daemon stopped, and the test fails if anything it
+        started is still running."""
+        import nbformat  # a few seconds to import: only for the browser tests
+
+        self._count += 1
+        folder = self.server.root / f"nb{self._count:03d}"
+        state_file = folder / "sandboxkit" / "daemon.json"
+        kernel = f"sandboxkit-test-{self._count:03d}"
+        spec = self.server.jupyter / "data" / "kernels" / kernel / "kernel.json"
+        spec.parent.mkdir(parents=True)
+        spec.write_text(
+            json.dumps(
+                {
+                    "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                    "display_name": kernel,
+                    "language": "python",
+                    "env": {"SANDBOXKIT_STATE_FILE": str(state_file)},
+                }
+            )
+        )
+        if isinstance(source, Path):
+            nb = nbformat.read(source, as_version=4)
+        else:
+            nb = nbformat.v4.new_notebook()
+            nb.cells = [nbformat.v4.new_code_cell(cell) for cell in source]
+        nb.metadata["kernelspec"] = {"name": kernel, "display_name": kernel, "language": "python"}
+        folder.mkdir()
+        nbformat.write(nb, folder / name)
+        notebook = Notebook(self.server, f"{folder.name}/{name}", folder / name, state_file)
+        before = snapshot_pids()
+        failed = False
+        try:
+            yield notebook
+        except BaseException:
+            failed = True
+            raise
+        finally:
+            for page in notebook.pages:
+                with contextlib.suppress(Exception):
+                    page.close()
+            tracked = descendants(daemon_pid(state_file))
+            self.server.shutdown_sessions(notebook.path)
+            if state_file.exists():
+                stop_daemon(state_file)
+            # The kernel and the daemon carry the folder in their environment.
+            left = tracked + suspects(str(folder) + os.sep, before)
+            wait_for_leftovers(left, f"the notebook {notebook.path}", failed)
+
+
+@dataclass
+class Notebook:
+    """One test's notebook on the shared server."""
+
+    server: JupyterLab
+    path: str
+    """Relative to the server's root (what its URLs and sessions name)."""
+    file: Path
+    state_file: Path
+    """The state file of the daemon its kernel starts."""
+    pages: list[Page] = field(default_factory=list)
+
+    def open(
+        self,
+        context: BrowserContext,
+        *,
+        ready: str | None = None,
+        app: str = "lab",
+        windowing_mode: str | None = "none",
+        run: bool = True,
+    ) -> Page:
+        """A page of ``context`` showing the notebook (in JupyterLab, or in Notebook 7
+        for ``app="notebook"``) in ``windowing_mode``, with every cell run (``run``) and
+        ``ready`` attached."""
+        if windowing_mode != self.server.windowing_mode:  # Notebook 7 reads it too
+            self.server.set_windowing_mode(windowing_mode)
+        page = context.new_page()
+        self.pages.append(page)
+        page.goto(self.url(app), wait_until="domcontentloaded")
+        page.locator(".jp-Notebook .jp-Cell").first.wait_for(state="visible", timeout=60_000)
+        if run:
+            self.run_all(page)
+        if ready is not None:
+            page.locator(ready).first.wait_for(state="attached", timeout=60_000)
+        return page
+
+    def url(self, app: str = "lab") -> str:
+        """The notebook's page: in JupyterLab, in a workspace of its own (the default
+        workspace would reopen, and start kernels for, every notebook an earlier test
+        opened); in Notebook 7 for ``app="notebook"``."""
+        server = self.server
+        if app == "notebook":
+            return server.notebook_url(self.path)
+        workspace = self.path.split("/", 1)[0]
+        return f"{server.url}/lab/workspaces/{workspace}/tree/{self.path}?token={server.token}"
+
+    def run_all(self, page: Page) -> str:
+        """Once the page's kernel is idle, Run > Run All Cells; returns the kernel's id."""
+        server = self.server
+        kernel = str(deadline_poll(lambda: server.kernel_for(self.path), 60, "the kernel"))
+        deadline_poll(lambda: server.kernel_state(kernel) == "idle", 60, "the kernel idle")
+        # The page's own connection to that kernel must be up too.
+        page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(
+            state="attached", timeout=60_000
+        )
+        page.locator(_RUN_MENU, has_text="Run").first.click()
+        page.locator(_MENU_ITEM, has_text="Run All Cells").first.click()
+        return kernel
+
+    def menu(self, page: Page, menu: str, item: str) -> None:
+        """Click ``menu`` > ``item`` in the page's menu bar."""
+        page.locator(_RUN_MENU, has_text=menu).first.click()
+        page.locator(_MENU_ITEM, has_text=item).first.click()
+
+
+def shot(page: Page, request: pytest.FixtureRequest, name: str) -> Path:
+    """Save what ``page`` shows as ``name`` in a folder named after the test (under
+    ``$SANDBOXKIT_SCREENSHOT_DIR`` if set, else pytest's base temporary directory)."""
+    root = os.environ.get("SANDBOXKIT_SCREENSHOT_DIR")
+    base = Path(root) if root else request.config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
+    folder = base / "browser-shots" / re.sub(r"[^\w.-]", "_", request.node.name)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    with contextlib.suppress(Exception):
+        page.screenshot(path=str(path))
+        print(f"\nscreenshot: {path}")
+    return path
+
+
+@contextlib.contextmanager
+def screenshot_on_failure(page: Page, request: pytest.FixtureRequest) -> Iterator[None]:
+    """On failure, save what the page showed into a folder named after the test; with
+    ``$SANDBOXKIT_SCREENSHOT_DIR`` set, on success too (for a person to look at)."""
+    try:
+        yield
+    except BaseException:
+        shot(page, request, "failure.png")
+        raise
+    if os.environ.get("SANDBOXKIT_SCREENSHOT_DIR"):
+        shot(page, request, "passed.png")
+
+
+# -- a sandboxkit panel, as the page shows it ------------------------------------------------
+
+PANEL = ".sandboxkit-panel"
+ROWS = ".xterm-rows"
+STATUS = ".sandboxkit-status"
+
+# The terminal's visible rows, top to bottom, of the n-th panel.
+_JS_ROWS = """
+([n]) => {
+  const panel = document.querySelectorAll(".sandboxkit-panel")[n];
+  const rows = panel && panel.querySelector(".xterm-rows");
+  return rows ? [...rows.children].map(r => r.textContent.replace(/\\u00a0/g, " ")) : null;
+}
+"""
+
+
+def rows_of(page: Page, n: int = 0) -> list[str]:
+    """The n-th panel's terminal rows on screen, top to bottom."""
+    rows = page.evaluate(_JS_ROWS, [n])
+    assert rows is not None, "no terminal rows in the DOM"
+    return list(rows)
+
+
+def status_of(page: Page, n: int = 0) -> str:
+    """The n-th panel's status line."""
+    return str(page.locator(f"{PANEL} {STATUS}").nth(n).inner_text())
+
+
+def wait_rows(
+    page: Page, predicate: Callable[[list[str]], object], timeout: float, what: str, n: int = 0
+) -> list[str]:
+    """The n-th panel's rows once ``predicate`` holds for them; fails after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = rows_of(page, n)
+        if predicate(rows):
+            return rows
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}: {rows}")
+        page.wait_for_timeout(50)  # sleep-ok: a poll of the page with a deadline
+
+
+def wait_status(page: Page, pattern: str, timeout: float, what: str, n: int = 0) -> str:
+    """The n-th panel's status once it matches ``pattern``; fails after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text = status_of(page, n)
+        if re.search(pattern, text):
+            return text
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}: {text!r}")
+        page.wait_for_timeout(20)  # sleep-ok: a poll of the page with a deadline

@@ -1,8 +1,9 @@
 """Real-browser end-to-end test of the notebook layer.
 
-Serves JupyterLab on 127.0.0.1, drives Debian's chromium (``/usr/bin/chromium``, installed
-by ``scripts/install-system.sh``; never ``playwright install``) with Playwright, runs all
-cells of ``notebooks/04_remediation_by_hand.ipynb``, watches the live ProcessPanel's line
+On the run's JupyterLab (the ``jupyter`` fixture, on 127.0.0.1), drives Debian's chromium
+(``/usr/bin/chromium``, installed by ``scripts/install-system.sh``; never ``playwright
+install``) with Playwright, runs all cells of ``notebooks/04_remediation_by_hand.ipynb``
+(a copy, with a kernel and a daemon of its own), watches the live ProcessPanel's line
 count grow, clicks "Kill-restart" and sees the panel follow the new pid.
 
 Under ``CI=true`` a missing browser (or Playwright/JupyterLab) is a failure; locally it is
@@ -13,7 +14,6 @@ a skip. The screenshot is written to pytest's ``tmp_path`` and, if set, to
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import re
@@ -24,29 +24,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import httpx
-import psutil
 import pytest
-from jupyter_harness import (
-    CHROMIUM,
-    CHROMIUM_ARGS,
-    INSTALL_HINT,
-    JupyterLab,
-    daemon_pid,
-    deadline_poll,
-    descendants,
-    describe,
-    field_of,
-    in_ci,
-    reap,
-    snapshot_pids,
-    still_alive,
-    stop_daemon,
-    suspects,
-    timed,
-)
+from jupyter_harness import deadline_poll, field_of, timed
 
 if TYPE_CHECKING:
-    from playwright.sync_api import Page
+    from jupyter_harness import SharedLab
+    from playwright.sync_api import Browser, Page
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK = REPO / "notebooks" / "04_remediation_by_hand.ipynb"
@@ -90,21 +73,6 @@ def _wait_status(page: Page, name: str, op: str, old: int, what: str) -> None:
         raise AssertionError(f"{e}; panel status now: {texts}") from None
 
 
-def _require_browser_stack(*more_modules: str) -> None:
-    missing = []
-    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
-        missing.append(f"{CHROMIUM} ({INSTALL_HINT})")
-    for module in ("playwright", "jupyterlab", "ipykernel", "ipywidgets", *more_modules):
-        if importlib.util.find_spec(module) is None:
-            missing.append(f"python package {module!r} (pip install -e '.[test]')")
-    if not missing:
-        return
-    message = "real-browser notebook test needs: " + "; ".join(missing)
-    if in_ci():
-        pytest.fail(message + "  [CI=true: this is required, not optional]", pytrace=False)
-    pytest.skip(message)
-
-
 def _daemon_processes(state_file: Path) -> list[dict[str, object]]:
     """Every process of every sandbox, straight from the daemon (not from the page)."""
     state = json.loads(state_file.read_text())
@@ -117,169 +85,124 @@ def _daemon_processes(state_file: Path) -> list[dict[str, object]]:
         return out
 
 
-def drive_notebook(notebook: Path, tmp_path: Path) -> dict[str, float]:
-    """The whole scenario against ``notebook``; returns per-phase timings in seconds."""
-    from playwright.sync_api import sync_playwright
-
+def drive_notebook(
+    jupyter: SharedLab, browser: Browser, notebook: Path, tmp_path: Path
+) -> dict[str, float]:
+    """The whole scenario against a copy of ``notebook`` on the run's JupyterLab (with a
+    kernel and a daemon of its own, ended and checked for leftovers at the end: see
+    ``SharedLab.notebook``); returns per-phase timings in seconds."""
     timings: dict[str, float] = {}
-    base = tmp_path / "browser-e2e"
-    base.mkdir()
-    marker = str(base)
-    state_file = base / "sandboxkit" / "daemon.json"
-    profile = base / "chromium-profile"
     shot = tmp_path / f"{notebook.stem}.png"
-    before = snapshot_pids()
+    with jupyter.notebook(notebook, notebook.name) as nb:
+        lab, state_file = nb.server, nb.state_file
+        with timed(timings, "browser_context"):
+            context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        try:
+            context.set_default_timeout(45_000)
+            page = context.new_page()
+            nb.pages.append(page)
+            console: list[str] = []
+            page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
 
-    lab = JupyterLab(base, [notebook], extra_env={"SANDBOXKIT_STATE_FILE": str(state_file)})
-    tracked: list[psutil.Process] = []
-    failure: BaseException | None = None
-    try:
-        with timed(timings, "jupyter_start"):
-            lab.start().wait_ready(timeout=90)
-        with sync_playwright() as pw:
-            with timed(timings, "browser_launch"):
-                context = pw.chromium.launch_persistent_context(
-                    str(profile),
-                    executable_path=CHROMIUM,
-                    headless=True,
-                    args=CHROMIUM_ARGS,
-                    viewport={"width": 1400, "height": 1000},
+            with timed(timings, "lab_load"):
+                if lab.windowing_mode != "none":
+                    lab.set_windowing_mode("none")
+                page.goto(nb.url(), wait_until="domcontentloaded")
+                page.locator(".jp-Notebook .jp-Cell").first.wait_for(state="visible")
+
+            with timed(timings, "kernel_idle"):
+                kernel_id = deadline_poll(lambda: lab.kernel_for(nb.path), 60, "the kernel")
+                deadline_poll(
+                    lambda: lab.kernel_state(str(kernel_id)) == "idle",
+                    60,
+                    "the notebook's kernel to be idle",
                 )
-            try:
-                context.set_default_timeout(45_000)
-                page = context.pages[0] if context.pages else context.new_page()
-                console: list[str] = []
-                page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+                # The page's own connection to that kernel must be up too.
+                page.locator(
+                    ".jp-NotebookPanel-toolbar .jp-Notebook-ExecutionIndicator[data-status='idle']"
+                ).wait_for(state="attached")
 
-                with timed(timings, "lab_load"):
-                    page.goto(lab.lab_url(notebook.name), wait_until="domcontentloaded")
-                    page.locator(".jp-Notebook .jp-Cell").first.wait_for(state="visible")
+            with timed(timings, "run_all"):
+                page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+                page.locator(
+                    ".lm-Menu-item:not(.lm-mod-hidden) .lm-Menu-itemLabel",
+                    has_text="Run All Cells",
+                ).first.click()
+                _wait(page, _JS_RUNNING, PROMPTS, "Run All to start")
+                _wait(page, _JS_SETTLED, PROMPTS, "Run All to finish", timeout=120)
+            prompts = page.locator(PROMPTS).all_inner_texts()
+            errors = [
+                text
+                for text in page.locator(
+                    ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"
+                ).all_inner_texts()
+                if "Traceback (most recent call last)" in text
+            ]
+            ran = bool(prompts) and all(re.fullmatch(r"\[\d+\]:", p.strip()) for p in prompts)
+            assert ran and not errors, (
+                f"Run All did not run every cell cleanly: prompts {prompts}\n"
+                + "\n---\n".join(e[-3000:] for e in errors)
+            )
 
-                with timed(timings, "kernel_idle"):
-                    kernel_id = deadline_poll(
-                        lambda: lab.kernel_for(notebook.name), 60, "the notebook's kernel"
-                    )
-                    deadline_poll(
-                        lambda: lab.kernel_state(str(kernel_id)) == "idle",
-                        60,
-                        "the notebook's kernel to be idle",
-                    )
-                    # The page's own connection to that kernel must be up too.
-                    page.locator(
-                        ".jp-NotebookPanel-toolbar .jp-Notebook-ExecutionIndicator"
-                        "[data-status='idle']"
-                    ).wait_for(state="attached")
+            # The panel the first cell displayed is live after the whole notebook ran.
+            status = page.locator(STATUS).first
+            status.wait_for(state="visible")
+            _wait_status(page, "lines", "gt", 0, "the panel to show received lines")
+            text1 = status.inner_text()
+            lines1, pid1 = field_of(text1, "lines"), field_of(text1, "pid")
+            assert lines1 is not None and pid1 is not None, f"bad status text: {text1!r}"
 
-                with timed(timings, "run_all"):
-                    page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-                    page.locator(
-                        ".lm-Menu-item:not(.lm-mod-hidden) .lm-Menu-itemLabel",
-                        has_text="Run All Cells",
-                    ).first.click()
-                    _wait(page, _JS_RUNNING, PROMPTS, "Run All to start")
-                    _wait(page, _JS_SETTLED, PROMPTS, "Run All to finish", timeout=120)
-                prompts = page.locator(PROMPTS).all_inner_texts()
-                errors = [
-                    text
-                    for text in page.locator(
-                        ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"
-                    ).all_inner_texts()
-                    if "Traceback (most recent call last)" in text
-                ]
-                ran = bool(prompts) and all(re.fullmatch(r"\[\d+\]:", p.strip()) for p in prompts)
-                assert ran and not errors, (
-                    f"Run All did not run every cell cleanly: prompts {prompts}\n"
-                    + "\n---\n".join(e[-3000:] for e in errors)
-                )
+            with timed(timings, "lines_grow"):
+                _wait_status(page, "lines", "gt", lines1, "the line count to grow")
+            text2 = status.inner_text()
+            lines2 = field_of(text2, "lines")
+            assert lines2 is not None and lines2 > lines1, (text1, text2)
+            assert field_of(text2, "pid") == pid1, (text1, text2)
 
-                # The panel the first cell displayed is live after the whole notebook ran.
-                status = page.locator(STATUS).first
-                status.wait_for(state="visible")
-                _wait_status(page, "lines", "gt", 0, "the panel to show received lines")
-                text1 = status.inner_text()
-                lines1, pid1 = field_of(text1, "lines"), field_of(text1, "pid")
-                assert lines1 is not None and pid1 is not None, f"bad status text: {text1!r}"
+            # The pid the page shows is the daemon's running process.
+            by_pid = {p["pid"]: p for p in _daemon_processes(state_file)}
+            assert pid1 in by_pid and by_pid[pid1]["state"] == "running", by_pid
 
-                with timed(timings, "lines_grow"):
-                    _wait_status(page, "lines", "gt", lines1, "the line count to grow")
-                text2 = status.inner_text()
-                lines2 = field_of(text2, "lines")
-                assert lines2 is not None and lines2 > lines1, (text1, text2)
-                assert field_of(text2, "pid") == pid1, (text1, text2)
+            with timed(timings, "kill_restart"):
+                page.locator(".sandboxkit-panel").first.get_by_role(
+                    "button", name="Kill-restart"
+                ).click()
+                _wait_status(page, "pid", "ne", pid1, "a new pid after Kill-restart")
+            text3 = status.inner_text()
+            pid2, lines3 = field_of(text3, "pid"), field_of(text3, "lines")
+            assert pid2 is not None and pid2 != pid1 and lines3 is not None, (text2, text3)
 
-                # The pid the page shows is the daemon's running process.
-                by_pid = {p["pid"]: p for p in _daemon_processes(state_file)}
-                assert pid1 in by_pid and by_pid[pid1]["state"] == "running", by_pid
+            by_pid = {p["pid"]: p for p in _daemon_processes(state_file)}
+            assert by_pid.get(pid2, {}).get("state") == "running", by_pid
+            assert by_pid[pid2].get("restarted_from") == pid1, by_pid[pid2]
+            assert by_pid[pid1]["state"] != "running", by_pid[pid1]
 
-                with timed(timings, "kill_restart"):
-                    page.locator(".sandboxkit-panel").first.get_by_role(
-                        "button", name="Kill-restart"
-                    ).click()
-                    _wait_status(page, "pid", "ne", pid1, "a new pid after Kill-restart")
-                text3 = status.inner_text()
-                pid2, lines3 = field_of(text3, "pid"), field_of(text3, "lines")
-                assert pid2 is not None and pid2 != pid1 and lines3 is not None, (text2, text3)
+            with timed(timings, "new_pid_streams"):
+                # The panel follows the NEW process: its output keeps arriving.
+                _wait_status(page, "lines", "gt", lines3, "lines from the new process")
 
-                by_pid = {p["pid"]: p for p in _daemon_processes(state_file)}
-                assert by_pid.get(pid2, {}).get("state") == "running", by_pid
-                assert by_pid[pid2].get("restarted_from") == pid1, by_pid[pid2]
-                assert by_pid[pid1]["state"] != "running", by_pid[pid1]
-
-                with timed(timings, "new_pid_streams"):
-                    # The panel follows the NEW process: its output keeps arriving.
-                    _wait_status(page, "lines", "gt", lines3, "lines from the new process")
-
-                status.scroll_into_view_if_needed()
-                page.screenshot(path=str(shot))
-                print(f"\nscreenshot: {shot}")
-                target = os.environ.get("SANDBOXKIT_SCREENSHOT_DIR")
-                if target:
-                    Path(target).mkdir(parents=True, exist_ok=True)
-                    shutil.copy2(shot, Path(target) / shot.name)
-                    print(f"screenshot copied to: {Path(target) / shot.name}")
-            except BaseException:
-                console_errors = [c for c in console if c.startswith("error")]
-                sys.stderr.write(
-                    f"\n--- jupyter log ---\n{lab.log_tail()}"
-                    "\n--- browser console errors ---\n" + "\n".join(console_errors[-20:]) + "\n"
-                    f"--- daemon log ---\n{_tail(state_file.with_suffix('.log'))}\n"
-                )
-                with contextlib.suppress(Exception):
-                    page.screenshot(path=str(tmp_path / "failure.png"))
-                    sys.stderr.write(f"failure screenshot: {tmp_path / 'failure.png'}\n")
-                raise
-            finally:
-                tracked += [p for p in descendants(os.getpid()) if p.pid != os.getpid()]
-                with timed(timings, "browser_close"):
-                    context.close()
-    except BaseException as e:
-        failure = e
-        raise
-    finally:
-        t0 = time.monotonic()
-        tracked += descendants(lab.proc.pid if lab.proc else None)
-        tracked += descendants(daemon_pid(state_file))
-        with timed(timings, "jupyter_stop"):
-            lab.stop()
-        with timed(timings, "daemon_stop"):
-            stopped = stop_daemon(state_file) if state_file.exists() else None
-        me = os.getpid()
-        left = still_alive(p for p in tracked if p.pid != me)
-        left += [p for p in suspects(marker, before) if p.pid not in {q.pid for q in left}]
-        # Gone within a short grace period is fine (SIGTERM handlers); stragglers fail.
-        deadline = time.monotonic() + 10
-        while left and time.monotonic() < deadline:
-            time.sleep(0.1)  # sleep-ok: a poll with a deadline
-            left = still_alive(left)
-        timings["teardown"] = round(time.monotonic() - t0, 2)
-        if left:
-            names = describe(left)
-            reap(left)
-            if failure is None:
-                pytest.fail(
-                    f"the test left processes running: {names}; "
-                    f"daemon stop said: {stopped.stdout if stopped else '<no state file>'}"
-                )
+            status.scroll_into_view_if_needed()
+            page.screenshot(path=str(shot))
+            print(f"\nscreenshot: {shot}")
+            target = os.environ.get("SANDBOXKIT_SCREENSHOT_DIR")
+            if target:
+                Path(target).mkdir(parents=True, exist_ok=True)
+                shutil.copy2(shot, Path(target) / shot.name)
+                print(f"screenshot copied to: {Path(target) / shot.name}")
+        except BaseException:
+            console_errors = [c for c in console if c.startswith("error")]
+            sys.stderr.write(
+                f"\n--- jupyter log ---\n{lab.log_tail()}"
+                "\n--- browser console errors ---\n" + "\n".join(console_errors[-20:]) + "\n"
+                f"--- daemon log ---\n{_tail(state_file.with_suffix('.log'))}\n"
+            )
+            with contextlib.suppress(Exception):
+                page.screenshot(path=str(tmp_path / "failure.png"))
+                sys.stderr.write(f"failure screenshot: {tmp_path / 'failure.png'}\n")
+            raise
+        finally:
+            with timed(timings, "browser_close"):
+                context.close()
     return timings
 
 
@@ -293,9 +216,10 @@ def _tail(path: Path, n: int = 30) -> str:
 @pytest.mark.browser
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_notebook_04_panel_in_real_browser(tmp_path: Path) -> None:
-    _require_browser_stack()
+def test_notebook_04_panel_in_real_browser(
+    jupyter: SharedLab, browser: Browser, tmp_path: Path
+) -> None:
     assert NOTEBOOK.is_file(), f"{NOTEBOOK} is missing"
     t0 = time.monotonic()
-    timings = drive_notebook(NOTEBOOK, tmp_path)
+    timings = drive_notebook(jupyter, browser, NOTEBOOK, tmp_path)
     print(f"timings (s): {timings}; total {time.monotonic() - t0:.1f}")

@@ -16,16 +16,14 @@ a character is drawn.
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from jupyter_harness import CHROMIUM, CHROMIUM_ARGS, descendants, describe, reap, still_alive
-from test_browser import _require_browser_stack
 
 from sandboxkit.notebook._frontend import FrontendLibraries, libraries
 from sandboxkit.notebook.charts import ChartWidget
@@ -33,6 +31,7 @@ from sandboxkit.notebook.panel import PanelState, TerminalWidget
 from sandboxkit.vocab import FINAL_CONSUMER_STATES, STATE_COLORS
 
 if TYPE_CHECKING:
+    from jupyter_harness import SharedLab
     from playwright.sync_api import Browser, Page
 
 pytestmark = [pytest.mark.browser]
@@ -80,36 +79,6 @@ async ({ esm, css, props, libraries, width }) => {
   window.__cleanup = await mod.render({ model, el });
 }
 """
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    _require_browser_stack()
-    from playwright.sync_api import sync_playwright
-
-    before = {p.pid for p in descendants(os.getpid())}
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
-    left = [p for p in descendants(os.getpid()) if p.pid not in before]
-    deadline = time.monotonic() + 10
-    while left and time.monotonic() < deadline:
-        time.sleep(0.1)  # sleep-ok: a poll with a deadline
-        left = still_alive(left)
-    if left:
-        names = describe(left)
-        reap(left)
-        pytest.fail(f"the browser left processes running: {names}")
-
-
-@pytest.fixture(autouse=True)
-def no_leaked_processes() -> Iterator[None]:
-    """Overrides the suite's per-test check: the module's browser outlives each test on
-    purpose; the ``browser`` fixture checks for leftovers at its end."""
-    yield
 
 
 @pytest.fixture
@@ -542,50 +511,16 @@ _JS_TABLES = """
 
 
 @pytest.fixture(scope="module")
-def stall_page(browser: Browser, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Page]:
+def stall_page(browser: Browser, jupyter: SharedLab) -> Iterator[Page]:
     """Notebook 03's two stall tables (its own cell's and StallLab's) from a synthetic
     run, in JupyterLab at a small laptop's width (1000 px, the file browser open)."""
-    import nbformat
-    from jupyter_harness import JupyterLab, deadline_poll
-
-    base = tmp_path_factory.mktemp("stall-tables")
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(c) for c in _notebook_03_cells()]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
-    nbformat.write(nb, base / _STALL_NOTEBOOK)
-    server = JupyterLab(base / "lab", [base / _STALL_NOTEBOOK])
-    tracked: list[Any] = []
-    try:
-        server.start().wait_ready(timeout=90)
-        context = browser.new_context(viewport={"width": 1000, "height": 1000})
-        try:
-            page = context.new_page()
-            page.set_default_timeout(60_000)
-            page.goto(server.lab_url(_STALL_NOTEBOOK), wait_until="domcontentloaded")
-            page.locator(".jp-Notebook .jp-Cell").first.wait_for(state="visible")
-            kernel = deadline_poll(lambda: server.kernel_for(_STALL_NOTEBOOK), 60, "kernel")
-            deadline_poll(lambda: server.kernel_state(str(kernel)) == "idle", 60, "idle")
-            page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-            page.locator(
-                ".lm-Menu-item:not(.lm-mod-hidden) .lm-Menu-itemLabel", has_text="Run All Cells"
-            ).first.click()
-            page.locator(".sandboxkit-stall-table table").wait_for(state="visible")
-            page.locator(".jp-OutputArea-output table").nth(1).wait_for()
-            yield page
-        finally:
-            context.close()
-    finally:
-        tracked += descendants(server.proc.pid if server.proc else None)
-        server.stop()
-        left = still_alive(tracked)
-        deadline = time.monotonic() + 10
-        while left and time.monotonic() < deadline:
-            time.sleep(0.1)  # sleep-ok: a poll with a deadline
-            left = still_alive(left)
-        if left:
-            names = describe(left)
-            reap(left)
-            pytest.fail(f"JupyterLab left processes running: {names}")
+    context = browser.new_context(viewport={"width": 1000, "height": 1000})
+    context.set_default_timeout(60_000)
+    with contextlib.closing(context), jupyter.notebook(_notebook_03_cells(), _STALL_NOTEBOOK) as nb:
+        page = nb.open(context, ready=".sandboxkit-stall-table table")
+        page.locator(".sandboxkit-stall-table table").wait_for(state="visible")
+        page.locator(".jp-OutputArea-output table").nth(1).wait_for()
+        yield page
 
 
 def _tables(page: Page, shot: str) -> list[dict[str, Any]]:

@@ -1,7 +1,7 @@
 """What a person sees of the live widgets in Notebook 7 (the ``notebook`` package, >=7.2).
 
-The same notebook, server isolation, browser and teardown as ``test_browser_widgets.py``
-(imported from there), but served by ``jupyter notebook`` and opened at
+The same notebook and teardown as ``test_browser_widgets.py`` (imported from there), on
+the run's server (the ``jupyter`` fixture, which serves Notebook 7's pages too), opened at
 ``/notebooks/<name>.ipynb``: Notebook 7 builds on JupyterLab's components yet has its own
 page shell, CSS and widget-manager wiring, so "works in JupyterLab" does not prove it.
 
@@ -13,63 +13,48 @@ look at.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import pytest
-from jupyter_harness import deadline_poll
-from test_browser import _require_browser_stack
-from test_browser_widgets import (
-    _JS_CANVAS,
-    NOTEBOOK,
+from jupyter_harness import (
     PANEL,
     ROWS,
-    Lab,
-    _shot,
-    assert_new_lines_show_within_a_second,
+    deadline_poll,
+    require_browser_stack,
     rows_of,
-    running,
     screenshot_on_failure,
+    shot,
     wait_rows,
     wait_status,
 )
+from test_browser_widgets import (
+    _JS_CANVAS,
+    NOTEBOOK,
+    SETUP,
+    TQDM,
+    Lab,
+    assert_new_lines_show_within_a_second,
+)
 
 if TYPE_CHECKING:
-    from playwright.sync_api import Page
+    from jupyter_harness import SharedLab
+    from playwright.sync_api import Browser, Page
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def nb7(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    _require_browser_stack("notebook")
-    with running(tmp_path_factory.mktemp("browser-notebook7"), app="notebook") as session:
-        yield session
-
-
-@pytest.fixture(autouse=True)
-def no_leaked_processes() -> Iterator[None]:
-    """Overrides the suite's per-test check: the module's server, kernel and browser
-    outlive each test on purpose; ``running`` checks for leftovers at the module's end."""
-    yield
-
-
-def _run_all(nb7: Lab, page: Page) -> str:
-    """Once the page's kernel is idle, Run > Run All Cells from Notebook 7's menu bar;
-    returns the kernel's id."""
-    server = nb7.server
-    kernel = str(deadline_poll(lambda: server.kernel_for(NOTEBOOK), 60, "the kernel"))
-    deadline_poll(lambda: server.kernel_state(kernel) == "idle", 60, "idle")
-    page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(
-        state="attached", timeout=60_000
-    )
-    page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-    page.locator(
-        ".lm-Menu-item:not(.lm-mod-hidden) .lm-Menu-itemLabel", has_text="Run All Cells"
-    ).first.click()
-    return kernel
+def nb7(jupyter: SharedLab, browser: Browser) -> Iterator[Lab]:
+    """The widgets module's notebook, on the run's server, for Notebook 7's pages."""
+    require_browser_stack("notebook")
+    context = browser.new_context(viewport={"width": 1300, "height": 1100})
+    context.set_default_timeout(30_000)
+    with contextlib.closing(context), jupyter.notebook([SETUP, TQDM], NOTEBOOK) as nb:
+        yield Lab(nb, context)
 
 
 def _page(nb7: Lab, request: pytest.FixtureRequest) -> Page:
@@ -78,14 +63,11 @@ def _page(nb7: Lab, request: pytest.FixtureRequest) -> Page:
 
     if nb7.page is not None:
         return nb7.page
-    assert nb7.context is not None
     server = nb7.server
-    page = nb7.context.new_page()
+    page = nb7.notebook.open(nb7.context, app="notebook", windowing_mode=None, run=False)
     panel_rows = page.locator(f"{PANEL} {ROWS}").first
     with screenshot_on_failure(page, request):
-        page.goto(server.notebook_url(NOTEBOOK), wait_until="domcontentloaded")
-        page.locator(".jp-Notebook .jp-Cell").first.wait_for(state="visible", timeout=60_000)
-        kernel = _run_all(nb7, page)
+        kernel = nb7.notebook.run_all(page)
         try:
             panel_rows.wait_for(state="attached", timeout=20_000)
         except PlaywrightTimeout:
@@ -98,7 +80,7 @@ def _page(nb7: Lab, request: pytest.FixtureRequest) -> Page:
             print("\nRun All was lost before the kernel ran anything: restart, run again")
             r = server.api("POST", f"/api/kernels/{kernel}/restart", timeout=30)
             assert r.status_code == 200, (r.status_code, r.text[:300])
-            _run_all(nb7, page)
+            nb7.notebook.run_all(page)
             panel_rows.wait_for(state="attached", timeout=60_000)
     nb7.page = page
     return page
@@ -169,4 +151,4 @@ def test_kill_restart_changes_the_pid(nb7: Lab, request: pytest.FixtureRequest) 
         assert time.time() - float(re.findall(r"t=([\d.]+)", " ".join(rows_of(page)))[-1]) < 1.5
         assert new != pid
         # What a person sees, for the record: terminal, status and chart in Notebook 7.
-        _shot(page, request, "passed.png")
+        shot(page, request, "passed.png")

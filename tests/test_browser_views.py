@@ -17,7 +17,6 @@ Screenshots go to ``browser-shots/<test name>/`` under pytest's temporary direct
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import subprocess
@@ -28,29 +27,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import nbformat
 import pytest
-from jupyter_harness import (
-    CHROMIUM,
-    CHROMIUM_ARGS,
-    JupyterLab,
-    daemon_pid,
-    deadline_poll,
-    descendants,
-    describe,
-    reap,
-    snapshot_pids,
-    still_alive,
-    stop_daemon,
-    suspects,
-)
-from test_browser import _require_browser_stack
+from jupyter_harness import shot
 
 from sandboxkit import Sandbox
 from sandboxkit.statefile import read_state
 
 if TYPE_CHECKING:
-    from playwright.sync_api import Page
+    from jupyter_harness import SharedLab
+    from playwright.sync_api import Browser, Page
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -113,12 +98,6 @@ flood_panel
 UNRELATED = 'print("an unrelated cell")'
 
 
-@pytest.fixture(autouse=True)
-def no_leaked_processes() -> Iterator[None]:
-    """The module's server, kernel and browser are checked for leftovers by ``page``."""
-    yield
-
-
 @dataclass
 class Notebook:
     page: Page
@@ -127,93 +106,31 @@ class Notebook:
 
 
 @pytest.fixture
-def notebook(tmp_path: Path) -> Iterator[Notebook]:
+def notebook(jupyter: SharedLab, browser: Browser) -> Iterator[Notebook]:
     """The notebook of the pause/resume test, run, in chromium."""
-    yield from _notebook(tmp_path, [SETUP], f"{DASHBOARD} button")
+    yield from _notebook(jupyter, browser, [SETUP], f"{DASHBOARD} button")
 
 
 @pytest.fixture
-def lab_notebook(tmp_path: Path) -> Iterator[Notebook]:
+def lab_notebook(jupyter: SharedLab, browser: Browser) -> Iterator[Notebook]:
     """A lab notebook: the blocking policy's panel, a flood under a rate cap, and an
     unrelated cell after them."""
-    yield from _notebook(tmp_path, [LAB, FLOOD, UNRELATED], f"{PANEL} .xterm-rows")
+    yield from _notebook(jupyter, browser, [LAB, FLOOD, UNRELATED], f"{PANEL} .xterm-rows")
 
 
-def _notebook(tmp_path: Path, cells: list[str], ready: str) -> Iterator[Notebook]:
-    """``cells``, run, in chromium, once ``ready`` shows; at the end everything it
-    started is ended and the test fails if anything is left running."""
-    _require_browser_stack()
-    from playwright.sync_api import sync_playwright
-
-    before = snapshot_pids()
-    state_file = tmp_path / "sandboxkit" / "daemon.json"
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(cell) for cell in cells]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
-    nbformat.write(nb, tmp_path / NOTEBOOK)
-    server = JupyterLab(
-        tmp_path / "lab",
-        [tmp_path / NOTEBOOK],
-        extra_env={"SANDBOXKIT_STATE_FILE": str(state_file)},
-        windowing_mode="none",
-    )
-    tracked = []
+def _notebook(
+    jupyter: SharedLab, browser: Browser, cells: list[str], ready: str
+) -> Iterator[Notebook]:
+    """``cells``, run, in chromium, once ``ready`` shows (a notebook, kernel and daemon
+    of its own: see ``SharedLab.notebook``)."""
+    context = browser.new_context(viewport={"width": 1300, "height": 1000})
+    context.set_default_timeout(30_000)
     try:
-        server.start().wait_ready(timeout=90)
-        with sync_playwright() as pw:
-            context = pw.chromium.launch_persistent_context(
-                str(tmp_path / "chromium-profile"),
-                executable_path=CHROMIUM,
-                headless=True,
-                args=CHROMIUM_ARGS,
-                viewport={"width": 1300, "height": 1000},
-            )
-            context.set_default_timeout(30_000)
-            try:
-                page = context.new_page()
-                page.goto(server.lab_url(NOTEBOOK), wait_until="domcontentloaded")
-                page.locator(".jp-Notebook .jp-Cell").first.wait_for(
-                    state="visible", timeout=60_000
-                )
-                kernel = deadline_poll(lambda: server.kernel_for(NOTEBOOK), 60, "the kernel")
-                deadline_poll(lambda: server.kernel_state(str(kernel)) == "idle", 60, "idle")
-                page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-                page.locator(
-                    ".lm-Menu-item:not(.lm-mod-hidden) .lm-Menu-itemLabel",
-                    has_text="Run All Cells",
-                ).first.click()
-                page.locator(ready).first.wait_for(timeout=60_000)
-                yield Notebook(page, state_file)
-            finally:
-                tracked += [p for p in descendants(os.getpid()) if p.pid != os.getpid()]
-                context.close()
+        with jupyter.notebook(cells, NOTEBOOK) as nb:
+            page = nb.open(context, ready=ready, windowing_mode="none")
+            yield Notebook(page, nb.state_file)
     finally:
-        tracked += descendants(server.proc.pid if server.proc else None)
-        tracked += descendants(daemon_pid(state_file))
-        server.stop()
-        if state_file.exists():
-            stop_daemon(state_file)
-        left = still_alive(p for p in tracked if p.pid != os.getpid())
-        left += suspects(str(tmp_path), before)
-        deadline = time.monotonic() + 10
-        while left and time.monotonic() < deadline:
-            time.sleep(0.1)  # sleep-ok: a poll with a deadline
-            left = still_alive(left)
-        if left:
-            names = describe(left)
-            reap(left)
-            pytest.fail(f"the browser test left processes running: {names}")
-
-
-def _shot(page: Page, request: pytest.FixtureRequest, name: str) -> Path:
-    root = os.environ.get("SANDBOXKIT_SCREENSHOT_DIR")
-    base = Path(root) if root else request.config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
-    folder = base / "browser-shots" / re.sub(r"[^\w.-]", "_", request.node.name)
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / name
-    with contextlib.suppress(Exception):
-        page.screenshot(path=str(path))
-    return path
+        context.close()
 
 
 def panel_status(page: Page) -> str:
@@ -285,13 +202,13 @@ def test_pause_and_resume_from_anywhere_show_in_the_panel_within_1s(
         for actor, act, shown in steps:
             act()
             took.append((actor, shown, round(shows_within(page, shown, 1.0), 3)))
-            _shot(page, request, f"{len(took)}-{actor}-{shown}.png")
+            shot(page, request, f"{len(took)}-{actor}-{shown}.png")
             if shown == "running":  # output flows again, and the status still says so
                 count = panel_status(page)
                 page.wait_for_timeout(1500)  # sleep-ok: watch the status while output flows
                 assert " · running · " in panel_status(page), (count, panel_status(page))
     except BaseException:
-        _shot(page, request, "failure.png")
+        shot(page, request, "failure.png")
         raise
     finally:
         code.close()
@@ -380,7 +297,7 @@ def test_lab_loss_is_a_marker_in_the_panel_in_the_status_lines_units(
                 assert a < b <= cursor, (row, status)
         print(f"\nlab marker: {marker!r}; flood status: {status!r}")
         panel.scroll_into_view_if_needed()
-        _shot(page, request, "lab-markers.png")
+        shot(page, request, "lab-markers.png")
     except BaseException:
-        _shot(page, request, "failure.png")
+        shot(page, request, "failure.png")
         raise

@@ -1,13 +1,13 @@
 """What a person sees of the live widgets, in a real browser.
 
-One JupyterLab server for the module (on 127.0.0.1, everything under one temporary
-directory) and Debian's chromium (``/usr/bin/chromium``; never ``playwright install``)
-driven by Playwright. A generated notebook starts a sandbox with a ticking process
-(``line N t=<time printed>``, 20 lines a second), a ``ProcessPanel`` and a
-``BackpressureChart`` on it, and a second panel on a ``tqdm`` loop. The tests read the
-terminal's visible rows from the DOM (xterm.js's ``.xterm-rows``), the status text and the
-chart's canvas pixels — never an internal counter — in JupyterLab's default notebook
-windowing mode and in ``none``.
+One notebook for the module on the run's JupyterLab (the ``jupyter`` fixture: on
+127.0.0.1, everything under one temporary directory) and Debian's chromium
+(``/usr/bin/chromium``; never ``playwright install``) driven by Playwright. A generated
+notebook starts a sandbox with a ticking process (``line N t=<time printed>``, 20 lines a
+second), a ``ProcessPanel`` and a ``BackpressureChart`` on it, and a second panel on a
+``tqdm`` loop. The tests read the terminal's visible rows from the DOM (xterm.js's
+``.xterm-rows``), the status text and the chart's canvas pixels — never an internal
+counter — in JupyterLab's default notebook windowing mode and in ``none``.
 
 Each test saves a screenshot when it fails, into ``browser-shots/<test name>/`` under
 pytest's temporary directory (or ``$SANDBOXKIT_SCREENSHOT_DIR/<test name>/``).
@@ -16,40 +16,29 @@ pytest's temporary directory (or ``$SANDBOXKIT_SCREENSHOT_DIR/<test name>/``).
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import time
 from collections.abc import Iterator
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import nbformat
 import pytest
 from jupyter_harness import (
-    CHROMIUM,
-    CHROMIUM_ARGS,
-    JupyterLab,
-    daemon_pid,
-    deadline_poll,
-    descendants,
-    describe,
-    reap,
-    snapshot_pids,
-    still_alive,
-    stop_daemon,
-    suspects,
+    PANEL,
+    ROWS,
+    rows_of,
+    screenshot_on_failure,
+    status_of,
+    wait_rows,
+    wait_status,
 )
-from test_browser import _require_browser_stack
 
 if TYPE_CHECKING:
-    from playwright.sync_api import BrowserContext, Page
+    from jupyter_harness import Notebook, SharedLab
+    from playwright.sync_api import Browser, BrowserContext, Page
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 NOTEBOOK = "widgets_live.ipynb"
-PANEL = ".sandboxkit-panel"
-ROWS = ".xterm-rows"
-STATUS = ".sandboxkit-status"
 
 SETUP = '''\
 import sys
@@ -86,15 +75,6 @@ bar_panel = ProcessPanel(sbx, bar.pid, rows=6)
 bar_panel
 '''
 
-# The terminal's visible rows, top to bottom, of the n-th panel.
-_JS_ROWS = """
-([n]) => {
-  const panel = document.querySelectorAll(".sandboxkit-panel")[n];
-  const rows = panel && panel.querySelector(".xterm-rows");
-  return rows ? [...rows.children].map(r => r.textContent.replace(/\\u00a0/g, " ")) : null;
-}
-"""
-
 # Record, for every "line N t=T" row, when it first showed in the viewport (page clock).
 _JS_WATCH = """
 ([n]) => {
@@ -124,25 +104,13 @@ def _line_numbers(rows: list[str]) -> list[int]:
 
 
 class Lab:
-    """The module's JupyterLab, browser and notebook."""
+    """The module's notebook on the run's JupyterLab, and its browser context."""
 
-    def __init__(self, base: Path, app: str = "lab") -> None:
-        self.base = base
-        self.state_file = base / "sandboxkit" / "daemon.json"
-        nb = nbformat.v4.new_notebook()
-        nb.cells = [nbformat.v4.new_code_cell(SETUP), nbformat.v4.new_code_cell(TQDM)]
-        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
-        source = base / NOTEBOOK
-        base.mkdir(parents=True, exist_ok=True)
-        nbformat.write(nb, source)
-        self.server = JupyterLab(
-            base / "lab",
-            [source],
-            extra_env={"SANDBOXKIT_STATE_FILE": str(self.state_file)},
-            windowing_mode=None,
-            app=app,
-        )
-        self.context: BrowserContext | None = None
+    def __init__(self, notebook: Notebook, context: BrowserContext) -> None:
+        self.notebook = notebook
+        self.server = notebook.server
+        self.state_file = notebook.state_file
+        self.context = context
         self.page: Page | None = None
         self.mode: str | None = "unset"
 
@@ -150,139 +118,30 @@ class Lab:
         """The notebook, run, in windowing ``mode`` (reused while the mode is the same)."""
         if self.page is not None and mode == self.mode:
             return self.page
-        assert self.context is not None
         if self.page is not None:
-            self.server.shutdown_kernels()
             self.page.close()
-        self.server.set_windowing_mode(mode)
+            self.server.shutdown_sessions(self.notebook.path)
         self.mode = mode
-        page = self.context.new_page()
-        page.goto(self.server.lab_url(NOTEBOOK), wait_until="domcontentloaded")
-        page.locator(".jp-Notebook .jp-Cell").first.wait_for(state="visible", timeout=60_000)
-        kernel = deadline_poll(lambda: self.server.kernel_for(NOTEBOOK), 60, "the kernel")
-        deadline_poll(lambda: self.server.kernel_state(str(kernel)) == "idle", 60, "idle")
-        page.locator(
-            ".jp-NotebookPanel-toolbar .jp-Notebook-ExecutionIndicator[data-status='idle']"
-        ).wait_for(state="attached", timeout=60_000)
-        page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-        page.locator(
-            ".lm-Menu-item:not(.lm-mod-hidden) .lm-Menu-itemLabel", has_text="Run All Cells"
-        ).first.click()
+        page = self.notebook.open(self.context, windowing_mode=mode)
         page.locator(f"{PANEL} {ROWS}").nth(1).wait_for(state="attached", timeout=60_000)
         self.page = page
         return page
 
 
 @contextlib.contextmanager
-def running(base: Path, app: str = "lab") -> Iterator[Lab]:
-    """The server (``app``: see ``JupyterLab``) and the browser; at the end, everything
-    they started is ended and the test fails if anything is left running."""
-    from playwright.sync_api import sync_playwright
-
-    before = snapshot_pids()
-    session = Lab(base, app)
-    tracked = []
-    try:
-        session.server.start().wait_ready(timeout=90)
-        with sync_playwright() as pw:
-            session.context = pw.chromium.launch_persistent_context(
-                str(base / "chromium-profile"),
-                executable_path=CHROMIUM,
-                headless=True,
-                args=CHROMIUM_ARGS,
-                viewport={"width": 1300, "height": 1100},
-            )
-            session.context.set_default_timeout(30_000)
-            try:
-                yield session
-            finally:
-                tracked += [p for p in descendants(os.getpid()) if p.pid != os.getpid()]
-                session.context.close()
-    finally:
-        tracked += descendants(session.server.proc.pid if session.server.proc else None)
-        tracked += descendants(daemon_pid(session.state_file))
-        session.server.stop()
-        if session.state_file.exists():
-            stop_daemon(session.state_file)
-        left = still_alive(p for p in tracked if p.pid != os.getpid())
-        left += suspects(str(base), before)
-        deadline = time.monotonic() + 10
-        while left and time.monotonic() < deadline:
-            time.sleep(0.1)  # sleep-ok: a poll with a deadline
-            left = still_alive(left)
-        if left:
-            names = describe(left)
-            reap(left)
-            pytest.fail(f"the browser tests left processes running: {names}")
+def running(jupyter: SharedLab, browser: Browser) -> Iterator[Lab]:
+    """The module's notebook and a browser context; at the end, everything they started
+    is ended and the test fails if anything is left running (``SharedLab.notebook``)."""
+    context = browser.new_context(viewport={"width": 1300, "height": 1100})
+    context.set_default_timeout(30_000)
+    with contextlib.closing(context), jupyter.notebook([SETUP, TQDM], NOTEBOOK) as nb:
+        yield Lab(nb, context)
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    _require_browser_stack()
-    with running(tmp_path_factory.mktemp("browser-widgets")) as session:
+def lab(jupyter: SharedLab, browser: Browser) -> Iterator[Lab]:
+    with running(jupyter, browser) as session:
         yield session
-
-
-@pytest.fixture(autouse=True)
-def no_leaked_processes() -> Iterator[None]:
-    """Overrides the suite's per-test check: the module's server, kernel and browser
-    outlive each test on purpose; the ``lab`` fixture checks for leftovers at its end."""
-    yield
-
-
-def _shot(page: Page, request: pytest.FixtureRequest, name: str) -> None:
-    root = os.environ.get("SANDBOXKIT_SCREENSHOT_DIR")
-    base = Path(root) if root else request.config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
-    folder = base / "browser-shots" / re.sub(r"[^\w.-]", "_", request.node.name)
-    folder.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(Exception):
-        page.screenshot(path=str(folder / name))
-        print(f"\nscreenshot: {folder / name}")
-
-
-@contextlib.contextmanager
-def screenshot_on_failure(page: Page, request: pytest.FixtureRequest) -> Iterator[None]:
-    """On failure, save what the page showed into a folder named after the test; with
-    ``$SANDBOXKIT_SCREENSHOT_DIR`` set, on success too (for a person to look at)."""
-    try:
-        yield
-    except BaseException:
-        _shot(page, request, "failure.png")
-        raise
-    if os.environ.get("SANDBOXKIT_SCREENSHOT_DIR"):
-        _shot(page, request, "passed.png")
-
-
-def rows_of(page: Page, n: int = 0) -> list[str]:
-    rows = page.evaluate(_JS_ROWS, [n])
-    assert rows is not None, "no terminal rows in the DOM"
-    return list(rows)
-
-
-def status_of(page: Page, n: int = 0) -> str:
-    return str(page.locator(f"{PANEL} {STATUS}").nth(n).inner_text())
-
-
-def wait_rows(page: Page, predicate: Any, timeout: float, what: str, n: int = 0) -> list[str]:
-    deadline = time.monotonic() + timeout
-    while True:
-        rows = rows_of(page, n)
-        if predicate(rows):
-            return rows
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}: {rows}")
-        page.wait_for_timeout(50)  # sleep-ok: a poll of the page with a deadline
-
-
-def wait_status(page: Page, pattern: str, timeout: float, what: str, n: int = 0) -> str:
-    deadline = time.monotonic() + timeout
-    while True:
-        text = status_of(page, n)
-        if re.search(pattern, text):
-            return text
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}: {text!r}")
-        page.wait_for_timeout(20)  # sleep-ok: a poll of the page with a deadline
 
 
 MODES = [pytest.param(None, id="default-windowing"), pytest.param("none", id="windowing-none")]

@@ -8,6 +8,7 @@ that the daemon takes the plain ASGI path, not a broken one, when they are missi
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import socket
 import sys
@@ -193,3 +194,31 @@ def test_a_cycle_without_what_the_fast_path_uses_gets_the_plain_path(
     # A plain function (a test client, another server): the plain path, no warning.
     fast_path.expose_cycle(scope, cycle.send.__func__)
     assert fast_path.CYCLE not in scope
+
+
+def test_uvicorns_server_has_what_the_prompt_stop_uses() -> None:
+    """``daemon/http/prompt_server.py`` overrides uvicorn's ``Server.main_loop`` and
+    ``shutdown`` and reads its state: a uvicorn without them would serve on without the
+    fast stop (or fail), so a version that changed them fails here, by name."""
+    import uvicorn
+    from uvicorn.server import ServerState
+
+    where = f"uvicorn {uvicorn.__version__}"
+    for name in ("main_loop", "shutdown", "on_tick", "handle_exit", "serve"):
+        assert callable(getattr(uvicorn.Server, name, None)), (
+            f"{where}: Server has no {name}(), which sandboxkit/daemon/http/prompt_server.py "
+            "overrides or calls"
+        )
+    server = uvicorn.Server(uvicorn.Config(app=lambda *a: None))
+    source = inspect.getsource(uvicorn.Server)  # some are set only once it starts
+    for name in ("servers", "server_state", "lifespan", "force_exit", "should_exit"):
+        assert hasattr(server, name) or f"self.{name} =" in source, (
+            f"{where}: Server has no attribute {name!r}, which "
+            "sandboxkit/daemon/http/prompt_server.py reads"
+        )
+    state = ServerState()
+    for name in ("connections", "tasks"):
+        assert hasattr(state, name), (
+            f"{where}: ServerState has no {name!r}, which "
+            "sandboxkit/daemon/http/prompt_server.py waits on"
+        )

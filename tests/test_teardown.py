@@ -440,3 +440,37 @@ async def test_restart_and_kill_reach_setsid_descendants(freezer: str) -> None:
         for proc in _marked(marker) + _marked(other):  # only on failure
             with contextlib.suppress(psutil.Error):
                 os.kill(proc.pid, signal.SIGKILL)
+
+
+# -- a stop is prompt ----------------------------------------------------------------------
+
+
+def test_a_stop_wakes_the_server_instead_of_waiting_on_uvicorns_sleeps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """uvicorn's serving loop looks at ``should_exit`` between 0.1 s sleeps, and its
+    shutdown sleeps 0.1 s then polls the connections at that pace: ~0.2 s per stop, paid
+    by every in-process daemon (and again by its envd server). Here every sleep uvicorn's
+    server takes lasts an hour, so a stop that waits on any of them never ends; with a
+    sandbox process running and an idle keep-alive connection open, the stop must still
+    finish, ending both."""
+    real_sleep = asyncio.sleep
+
+    def sleep(delay: float, result: Any = None) -> Any:
+        if sys._getframe(1).f_globals.get("__name__") == "uvicorn.server":
+            delay = 3600
+        return real_sleep(delay, result)
+
+    monkeypatch.setattr(asyncio, "sleep", sleep)
+    server = DaemonServer(fast_config(), envd_port=0).start()
+    sandbox = Sandbox.create(url=server.url, token=server.token)  # its client stays connected
+    try:
+        proc = sandbox.commands.run("sleep 600", background=True)
+        assert _alive(proc.pid)
+        server.stop(timeout=10)  # raises if the daemon thread is still serving
+        assert not _alive(proc.pid)
+        for url in (server.url, server.envd.api_url):
+            with pytest.raises(httpx.TransportError):
+                httpx.get(url)
+    finally:
+        sandbox.close()

@@ -29,6 +29,7 @@ from sandboxkit.daemon.host import Host
 from sandboxkit.daemon.http import create_app
 from sandboxkit.daemon.http.connections import ConnectionGuard, guarded_protocol
 from sandboxkit.daemon.listen import bind_or_say
+from sandboxkit.daemon.http.prompt_server import PromptServer
 from sandboxkit.daemon.tcp_peer import SEND_BUFFER
 from sandboxkit.statefile import DaemonState, remove_state, write_state
 
@@ -74,8 +75,9 @@ def is_loopback(host: str) -> bool:
     return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
 
 
-class _Server(uvicorn.Server):
-    """uvicorn's server, ending the host's streams before it waits for connections."""
+class _Server(PromptServer):
+    """uvicorn's server (stopping when told), ending the host's streams before it waits
+    for connections."""
 
     def __init__(self, config: uvicorn.Config, daemon: DaemonServer) -> None:
         super().__init__(config)
@@ -258,6 +260,7 @@ class DaemonServer:
         """Ask the server to exit (ending streams, killing sandboxes) and wait for it."""
         atexit.unregister(self.stop)
         self._server.should_exit = True
+        self._server.wake()
         if self._thread is not None:
             self._thread.join(timeout)
             if self._thread.is_alive():

@@ -49,6 +49,7 @@ from sandboxkit.daemon.envd.filesystem_service import FilesystemService
 from sandboxkit.daemon.envd.process_service import ProcessService, RpcService
 from sandboxkit.daemon.host import Host
 from sandboxkit.daemon.listen import bind_or_say
+from sandboxkit.daemon.http.prompt_server import PromptServer
 from sandboxkit.daemon.sandbox import ManagedSandbox
 from sandboxkit.errors import SandboxkitError
 from sandboxkit.vocab import ENVD_PORT
@@ -239,9 +240,9 @@ def create_envd_app(
     return _Endpoints(envd, create_control_plane(host, token, tokens))
 
 
-class _Server(uvicorn.Server):
-    """uvicorn's server without signal handling: the daemon's own server owns SIGINT and
-    SIGTERM, and stops this one when it stops."""
+class _Server(PromptServer):
+    """uvicorn's server (stopping when told) without signal handling: the daemon's own
+    server owns SIGINT and SIGTERM, and stops this one when it stops."""
 
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
@@ -303,3 +304,4 @@ class EnvdServer:
     def stop(self) -> None:
         """Ask the server to exit (it finishes on its loop)."""
         self._server.should_exit = True
+        self._server.wake()
