@@ -28,8 +28,8 @@ from sandboxkit.daemon.fds import FdBudget, raise_fd_limit
 from sandboxkit.daemon.host import Host
 from sandboxkit.daemon.http import create_app
 from sandboxkit.daemon.http.connections import ConnectionGuard, guarded_protocol
-from sandboxkit.daemon.listen import bind_or_say
 from sandboxkit.daemon.http.prompt_server import PromptServer
+from sandboxkit.daemon.listen import bind_or_say
 from sandboxkit.daemon.tcp_peer import SEND_BUFFER
 from sandboxkit.statefile import DaemonState, remove_state, write_state
 

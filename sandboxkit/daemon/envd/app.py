@@ -48,8 +48,8 @@ from sandboxkit.daemon.envd.files import error_response, read_file, write_file
 from sandboxkit.daemon.envd.filesystem_service import FilesystemService
 from sandboxkit.daemon.envd.process_service import ProcessService, RpcService
 from sandboxkit.daemon.host import Host
-from sandboxkit.daemon.listen import bind_or_say
 from sandboxkit.daemon.http.prompt_server import PromptServer
+from sandboxkit.daemon.listen import bind_or_say
 from sandboxkit.daemon.sandbox import ManagedSandbox
 from sandboxkit.errors import SandboxkitError
 from sandboxkit.vocab import ENVD_PORT
