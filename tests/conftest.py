@@ -128,6 +128,15 @@ def _alive(p: psutil.Process) -> bool:
         return False
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (pyproject's addopts), every browser test goes to one worker:
+    they share one JupyterLab per worker (``jupyter``), and two of them at once would
+    load 2 cores with two servers and two Chromiums."""
+    for item in items:
+        if item.get_closest_marker("browser"):
+            item.add_marker(pytest.mark.xdist_group("browser"))
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Close widgets still alive, before interpreter teardown makes ipywidgets' own
     ``__del__`` fail noisily."""
