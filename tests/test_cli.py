@@ -251,7 +251,8 @@ def test_stop_leaves_no_sandbox_process_behind(served: Served) -> None:
         handle = sbx.commands.run("sleep 300 & echo $!; wait", background=True)
         wait_until(lambda: handle.stdout.strip().isdigit(), what="the grandchild's pid")
         leader, grandchild = handle.pid, int(handle.stdout.strip())
-        assert psutil.Process(grandchild).name() == "sleep"
+        # ($! is the forked shell until it has exec'd sleep.)
+        wait_until(lambda: psutil.Process(grandchild).name() == "sleep", what="the sleep")
         assert not gone(leader) and not gone(grandchild)
 
         stopped = cli("stop", "--state-file", str(served.state_path), env=served.env)
