@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sandboxkit.client.transport.frame_buffer import FrameBuffer
 from sandboxkit.client.transport.raw import RawFrameStream
 from sandboxkit.client.transport.raw_stream import BadChunk, ChunkedBody, open_raw_stream
 from sandboxkit.errors import DaemonUnavailable, MalformedFrame, SandboxkitError
@@ -183,3 +184,74 @@ def test_any_response_raises_only_typed_errors(head: bytes, body: bytes) -> None
         assert not errors
 
     asyncio.run(attempt())
+
+
+# -- the receive buffer: frames cut where they were received ------------------------------
+
+
+def _read_through(buffer: FrameBuffer, reads: list[bytes]) -> list[Frame]:
+    """The frames of a chunked body received in ``reads`` (each split by the room the
+    buffer offers, as the socket would be)."""
+    body = ChunkedBody()
+    frames: list[Frame] = []
+    for data in reads:
+        while data:
+            space = buffer.space()
+            assert len(space) > 0  # the buffer always has room for the next read
+            size = min(len(space), len(data))
+            space[:size] = data[:size]
+            data = data[size:]
+            start, end = buffer.received(size)
+            body.feed_at(buffer.raw, start, end, buffer.piece)
+            buffer.cut(frames)
+    assert body.done
+    return frames
+
+
+_PAYLOADS = st.lists(
+    st.binary(max_size=40) | st.integers(0, 3000).map(lambda n: bytes(range(256)) * (n // 256)),
+    max_size=8,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    payloads=_PAYLOADS,
+    size=st.sampled_from([16, 64, 300, 4096]),
+    chunk_cuts=st.lists(st.integers(0, 20000), max_size=10),
+    read_cuts=st.lists(st.integers(0, 20000), max_size=12),
+)
+def test_frames_are_cut_in_place_however_bytes_and_chunks_fall(
+    payloads: list[bytes], size: int, chunk_cuts: list[int], read_cuts: list[int]
+) -> None:
+    # Chunks cut anywhere (inside headers, metadata and payloads: the framing must be
+    # closed up), reads cut anywhere, frames larger than the buffer (it grows, then
+    # shrinks back), and frames that fit (moved to the front when the room runs out).
+    sent = [Frame(FrameKind.DATA, {"seq": i}, p) for i, p in enumerate(payloads)]
+    stream = b"".join(encode_frame(f.kind, f.meta, f.payload) for f in sent)
+    encoded = _chunked(_splits(stream, chunk_cuts), [], [])
+    buffer = FrameBuffer(size)
+    assert _read_through(buffer, _splits(encoded, read_cuts)) == sent
+    assert buffer.pending == 0
+    assert len(buffer.raw) == size
+
+
+def test_frames_aligned_with_chunks_are_never_moved() -> None:
+    # The daemon sends whole frames per chunk: each read's frames are cut where they lie,
+    # and a frame a read leaves unfinished is completed right after itself (while there
+    # is room: here, always).
+    frames = [encode_frame(FrameKind.DATA, {"seq": i}, bytes([i]) * 700) for i in range(6)]
+    encoded = _chunked([b"".join(frames[:3]), b"".join(frames[3:])], [], [])
+    buffer = FrameBuffer(64 * 1024)
+    moves: list[int] = []
+    original = buffer._move_front
+    buffer._move_front = lambda: moves.append(1) or original()  # type: ignore[method-assign]
+    got = _read_through(buffer, _splits(encoded, [1000, 2500, 3100]))
+    assert [f.payload for f in got] == [bytes([i]) * 700 for i in range(6)]
+    assert not moves
+
+
+def test_a_broken_frame_header_in_the_buffer_is_malformed() -> None:
+    buffer = FrameBuffer(64)
+    with pytest.raises(MalformedFrame):
+        _read_through(buffer, [_chunked([b"\x63" + b"\x00" * 12], [], [])])
