@@ -58,11 +58,14 @@ class FrameKind(enum.IntEnum):
 
 @dataclass(frozen=True)
 class Frame:
-    """One decoded frame: its kind, its metadata and (for ``data``) its payload."""
+    """One decoded frame: its kind, its metadata and (for ``data``) its payload.
+
+    The payload is ``bytes``, except from :meth:`FrameDecoder.cut` with ``borrow``: a
+    view into the reader's buffer, valid only until the reader reuses it."""
 
     kind: FrameKind
     meta: dict[str, Any] = field(default_factory=dict)
-    payload: bytes = b""
+    payload: bytes | memoryview = b""
 
     def error(self) -> SandboxkitError:
         """The typed error an ``error`` frame carries."""
@@ -168,15 +171,17 @@ class FrameDecoder:
             )
         return _HEADER.size + meta_len + payload_len
 
-    def cut(self, view: memoryview, pos: int, frames: list[Frame]) -> int:
+    def cut(self, view: memoryview, pos: int, frames: list[Frame], borrow: bool = False) -> int:
         """Decode in place: append the whole frames of ``view`` from ``pos`` to
         ``frames`` and return where the first unfinished one begins (its bytes stay the
-        caller's, to complete and cut again). Not to be mixed with :meth:`feed`."""
+        caller's, to complete and cut again). With ``borrow`` the payloads are views
+        into ``view``, not copies: the caller keeps those bytes until the frames are
+        done with. Not to be mixed with :meth:`feed`."""
         if self._broken:
             raise MalformedFrame("decoder already failed on earlier bytes")
-        return self._cut(view, pos, frames)
+        return self._cut(view, pos, frames, borrow)
 
-    def _cut(self, view: memoryview, pos: int, frames: list[Frame]) -> int:
+    def _cut(self, view: memoryview, pos: int, frames: list[Frame], borrow: bool = False) -> int:
         """Append the whole frames of ``view`` from ``pos``; where the first unfinished
         one begins."""
         end = len(view)
@@ -202,7 +207,8 @@ class FrameDecoder:
                     ) from None
             else:
                 meta = {}
-            frames.append(Frame(_KIND_OF[kind], meta, bytes(view[payload_start:frame_end])))
+            payload = view[payload_start:frame_end]
+            frames.append(Frame(_KIND_OF[kind], meta, payload if borrow else bytes(payload)))
             pos = frame_end
         return pos
 

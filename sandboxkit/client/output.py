@@ -63,7 +63,7 @@ class Cursor(int):
     __str__ = int.__repr__  # str(cursor) is the number, as in a query string
 
 
-def incomplete_tail(data: bytes) -> int:
+def incomplete_tail(data: bytes | memoryview) -> int:
     """How many bytes at the end of ``data`` begin a UTF-8 character they do not finish
     (0–3). UTF-8 synchronises on its lead bytes, so the last three bytes tell."""
     end = len(data)
@@ -93,21 +93,23 @@ class StreamOutput:
         self._kept = 0
         self._text: str | None = ""
 
-    def add(self, data: bytes, decode: bool) -> str:
+    def add(self, data: bytes | memoryview, decode: bool) -> str:
         """Record a chunk; its text (with the tail before it) if ``decode``, else ``""``
-        (the tail is tracked either way)."""
+        (the tail is tracked either way). ``data`` may be a view (decoded straight from
+        the receive buffer) only if nothing is kept (``keep`` false)."""
         self.received += len(data)
         text = ""
         if decode:
             joined = self.tail + data if self.tail else data
             text, used = _decode(joined, "replace", False)
-            self.tail = joined[used:]
+            self.tail = bytes(joined[used:])
         elif len(data) >= 3:
-            self.tail = data[len(data) - incomplete_tail(data) :]
+            self.tail = bytes(data[len(data) - incomplete_tail(data) :])
         else:
             joined = self.tail + data
             self.tail = joined[len(joined) - incomplete_tail(joined) :]
         if self.limit != 0:
+            assert type(data) is bytes, "kept output must be bytes of its own"
             self._pieces.append(data)
             self._kept += len(data)
             self._text = None

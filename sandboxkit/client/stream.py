@@ -394,7 +394,9 @@ class ProcessStream:
             except TimeoutError:
                 raise _Silent() from None
             self.stats.attaches += 1
-            batches = frames.batches().__aiter__()
+            # Borrowed: a payload is a view into the receive buffer until the next batch;
+            # _deliver copies it only for what keeps it (a bytes callback, keep_output).
+            batches = frames.batches(borrow=True).__aiter__()
             if sys.version_info >= (3, 11):
                 await self._read_watched(batches)
                 return
@@ -516,11 +518,14 @@ class ProcessStream:
             if broken:
                 await self._emit(target, broken)
 
-    async def _deliver(self, stream: str, data: bytes) -> None:
+    async def _deliver(self, stream: str, data: bytes | memoryview) -> None:
         target = "stderr" if stream == "stderr" else "stdout"
         raw = self.on_stderr_bytes if target == "stderr" else self.on_stdout_bytes
         callback = self.on_stderr if target == "stderr" else self.on_stdout
-        text = self.output[target].add(data, decode=callback is not None)
+        output = self.output[target]
+        if type(data) is memoryview and (raw is not None or output.limit != 0):
+            data = bytes(data)  # kept, or handed to a caller: bytes of its own
+        text = output.add(data, decode=callback is not None)
         if raw is not None:
             await _call(raw, data)
         if text:

@@ -11,7 +11,6 @@ only when it would not fit, and the buffer grown for a frame larger than the buf
 
 from __future__ import annotations
 
-from sandboxkit.errors import MalformedFrame
 from sandboxkit.wire import HEADER_SIZE, Frame, FrameDecoder
 
 __all__ = ["READ_SIZE", "FrameBuffer"]
@@ -28,7 +27,10 @@ class FrameBuffer:
 
     The buffer holds, in order: the bytes of frames not yet whole (``[_start:_fend]``,
     contiguous: the chunk framing between them removed), then received bytes the chunk
-    decoder took (framing, or data already moved down), up to ``_end``."""
+    decoder took (framing, or data already moved down), up to ``_end``. Frames cut are
+    *borrowed*: their payloads are views into the buffer (not copies), so its bytes are
+    neither moved nor overwritten until :meth:`release` says those frames are done
+    with; a read that needs room before then gets a fresh buffer instead."""
 
     def __init__(self, size: int = READ_SIZE) -> None:
         self._size = size
@@ -39,6 +41,7 @@ class FrameBuffer:
         self._start = 0
         self._fend = 0
         self._need = HEADER_SIZE  # bytes the unfinished frame needs to be cut
+        self._held = False  # frames cut since the last release borrow from the buffer
         self.decoder = FrameDecoder()
 
     @property
@@ -52,7 +55,14 @@ class FrameBuffer:
         return self._fend - self._start
 
     def space(self) -> memoryview:
-        """Where the next read goes."""
+        """Where the next read goes: after the unfinished frame, with room for it."""
+        size = len(self._raw)
+        if self._start + self._need > size or size - self._end < self._min_read:
+            if self._held or self._need > size:
+                # Borrowed bytes stay put: the unfinished frame goes to a new buffer.
+                self._renew(max(self._need, self._size))
+            elif self._start:
+                self._move_front()
         return self._view[self._end :]
 
     def received(self, nbytes: int) -> tuple[int, int]:
@@ -75,39 +85,47 @@ class FrameBuffer:
             self._fend = fend + size
 
     def cut(self, frames: list[Frame]) -> None:
-        """Append the frames now whole to ``frames``; make room for the next read.
-        MalformedFrame on bytes that cannot be frames."""
+        """Append the frames now whole to ``frames``, their payloads borrowed (see
+        :meth:`release`). MalformedFrame on bytes that cannot be frames."""
         start, fend = self._start, self._fend
         if fend - start >= self._need:
-            start = self._start = self.decoder.cut(self._view[:fend], start, frames)
-        if start == fend:  # every byte taken: the next read starts at the front
-            self._start = self._fend = self._end = 0
-            self._need = HEADER_SIZE
-            if self._size != len(self._raw):  # back from a frame larger than usual
-                self._grow(self._size)
-            return
-        need = HEADER_SIZE
-        if fend - start >= HEADER_SIZE:
-            need = self.decoder.frame_size(self._view, start)  # MalformedFrame if bad
-        self._need = need
+            cut = self.decoder.cut(self._view[:fend], start, frames, borrow=True)
+            self._held = self._held or cut > start
+            start = self._start = cut
         self._end = fend  # the framing after the frame bytes is taken: overwrite it
-        if start + need > len(self._raw) or len(self._raw) - fend < self._min_read:
-            if need > len(self._raw):
-                self._grow(max(need, self._size))
-            elif start:
-                self._move_front()
+        if start == fend:
+            self._need = HEADER_SIZE
+            self._rewind()
+        elif fend - start >= HEADER_SIZE:
+            self._need = self.decoder.frame_size(self._view, start)  # MalformedFrame if bad
+        else:
+            self._need = HEADER_SIZE
+
+    def release(self) -> None:
+        """The frames cut so far are done with: their bytes may be reused."""
+        self._held = False
+        self._rewind()
+
+    def _rewind(self) -> None:
+        """With nothing unfinished and nothing borrowed, the next read starts at the
+        front (of a buffer of the usual size)."""
+        if self._held or self._start != self._fend:
+            return
+        self._start = self._fend = self._end = 0
+        if len(self._raw) != self._size:  # back from a frame larger than usual
+            self._renew(self._size)
 
     def _move_front(self) -> None:
         size = self._fend - self._start
         self._view[:size] = self._view[self._start : self._fend]
         self._start, self._fend, self._end = 0, size, size
 
-    def _grow(self, size: int) -> None:
-        """A buffer of ``size`` holding the unfinished frame at its front."""
+    def _renew(self, size: int) -> None:
+        """A new buffer of ``size`` holding the unfinished frame at its front (the old
+        one lives on while views of it do)."""
         raw = bytearray(size)
         kept = self._fend - self._start
-        if kept > size:  # pragma: no cover - callers never shrink below what is kept
-            raise MalformedFrame("frame buffer too small")
         raw[:kept] = self._view[self._start : self._fend]
         self._raw, self._view = raw, memoryview(raw)
         self._start, self._fend, self._end = 0, kept, kept
+        self._held = False

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import re
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlencode, urlsplit
@@ -32,13 +33,21 @@ from sandboxkit.wire import Frame
 
 __all__ = ["ChunkedBody", "RawStream", "open_raw_stream"]
 
-_BUFFER = 512 * 1024
-"""The reader takes at most this much from the socket that the stream has not taken yet,
-then stops reading until it has: a reader that falls behind must show as behind at the
-daemon (its lag, its gaps), not fill client memory. Reads are cut to what is left of it,
-so a stream that takes each read's frames before the next (the usual case) is never
-paused, which would cost two system calls and a round of Python per read."""
+_READ = 256 * 1024
+"""Bytes taken from the socket per read at most while the stream waits for them (the
+daemon sends up to 256 KiB at a time)."""
+_BUFFER = 128 * 1024
+"""While the stream is busy with frames it has (a slow callback), the reader takes at
+most this much more from the socket, then stops reading until the stream waits again:
+a reader that falls behind must show as behind at the daemon (its lag, its gaps), not
+fill client memory. A stream that takes each read's frames before the next (the usual
+case) is never paused, which would cost two system calls and a round of Python per
+read."""
 _MIN_READ = 4096
+_RECEIVE_BUFFER = 256 * 1024
+"""The socket's receive buffer, fixed (the kernel doubles it): left to autotune it grows
+to tens of MB, and a reader that stopped reading would not show as behind at the daemon
+until all of that filled."""
 _OPEN_TIMEOUT = 10.0
 _ERROR_BODY = 1024 * 1024
 _LINE = 4096
@@ -167,8 +176,9 @@ class _Reader(asyncio.BufferedProtocol):
 
     def get_buffer(self, sizehint: int) -> memoryview:
         space = self._buffer.space()
-        room = _BUFFER - self._unread
-        return space if len(space) <= room else space[: max(room, _MIN_READ)]
+        waiting = self._waiter is not None  # the stream takes these bytes at once
+        room = _READ if waiting else max(_BUFFER - self._unread, _MIN_READ)
+        return space if len(space) <= room else space[:room]
 
     def buffer_updated(self, nbytes: int) -> None:
         if self._error is not None:
@@ -183,7 +193,8 @@ class _Reader(asyncio.BufferedProtocol):
             self._fail(DaemonUnavailable(f"stream broke: {exc!r}"[:300]))
             return
         self._unread += nbytes
-        if self._unread >= _BUFFER and not self._paused and self.transport is not None:
+        busy = self._waiter is None
+        if busy and self._unread >= _BUFFER and not self._paused and self.transport is not None:
             self._paused = True
             self.transport.pause_reading()
         self._wake()
@@ -271,14 +282,22 @@ class _Reader(asyncio.BufferedProtocol):
         if closed:
             self._end()
 
-    async def batches(self) -> AsyncIterator[list[Frame]]:
-        """The frames each read completed; the end of the body ends it."""
+    async def batches(self, borrow: bool = False) -> AsyncIterator[list[Frame]]:
+        """The frames each read completed; the end of the body ends it. With ``borrow``
+        the payloads are views into the receive buffer, valid until the next batch is
+        asked for (no copy: a consumer that only decodes them never needs one)."""
         body = self._body
+        buffer = self._buffer
         assert body is not None
         while True:
             if self._frames:
                 frames, self._frames = self._frames, []
+                if not borrow:
+                    frames = [_owned(frame) for frame in frames]
+                    buffer.release()
                 yield frames
+                if not self._frames:  # done with every frame cut so far
+                    buffer.release()
                 continue
             if self._error is not None:
                 raise self._error
@@ -289,6 +308,13 @@ class _Reader(asyncio.BufferedProtocol):
                     )
                 return
             await self._wait()
+
+
+def _owned(frame: Frame) -> Frame:
+    """``frame`` with a payload of its own (not a view into the receive buffer)."""
+    if type(frame.payload) is memoryview:
+        return Frame(frame.kind, frame.meta, bytes(frame.payload))
+    return frame
 
 
 class RawStream:
@@ -302,9 +328,10 @@ class RawStream:
         """True if the body is read as frames (:meth:`batches`), not bytes."""
         return self._reader._body is not None
 
-    def batches(self) -> AsyncIterator[list[Frame]]:
-        """The body's frames, in lists: the frames each read completed."""
-        return self._reader.batches()
+    def batches(self, borrow: bool = False) -> AsyncIterator[list[Frame]]:
+        """The body's frames, in lists: the frames each read completed (``borrow``:
+        see :meth:`_Reader.batches`)."""
+        return self._reader.batches(borrow)
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The body's bytes as h11 reads them (a body not read as frames)."""
@@ -360,6 +387,10 @@ async def open_raw_stream(
         _, reader = await within(loop.create_connection(_Reader, host, port), _OPEN_TIMEOUT)
     except (OSError, TimeoutError) as exc:
         raise DaemonUnavailable(f"cannot reach the daemon: {exc!r}", url=url) from exc
+    sock = reader.transport.get_extra_info("socket") if reader.transport else None
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _RECEIVE_BUFFER)
     conn = reader.conn
     stream = RawStream(reader)
     try:
