@@ -90,6 +90,7 @@ class StreamOutput:
         self.dropped = 0
         self._head = tail  # bytes of a character the previous handle began
         self._pieces: deque[bytes | str] = deque()  # bytes, or a marker (str)
+        self._skip = 0  # leading bytes (or characters) of the first piece no longer kept
         self._kept = 0
         self._text: str | None = ""
 
@@ -134,29 +135,43 @@ class StreamOutput:
         while self._kept > self.limit:
             first = self._pieces[0]
             excess = self._kept - self.limit
-            if len(first) <= excess:
+            left = len(first) - self._skip
+            if left <= excess:
                 self._pieces.popleft()
-                self._kept -= len(first)
+                self._skip = 0
+                self._kept -= left
                 if isinstance(first, bytes):
-                    self.dropped += len(first)
+                    self.dropped += left
             else:
-                self._pieces[0] = first[excess:]
+                # Skipped, not sliced off: a slice would copy the rest of the piece on
+                # every chunk added (the usual case for a stream read at full rate).
+                self._skip += excess
                 self._kept -= excess
                 if isinstance(first, bytes):
                     self.dropped += excess
             self._head = b""
 
+    def _live(self) -> list[bytes | memoryview | str]:
+        """The pieces as kept: the first without its skipped start."""
+        pieces: list[bytes | memoryview | str] = list(self._pieces)
+        if self._skip:
+            first = pieces[0]
+            pieces[0] = (
+                first[self._skip :] if isinstance(first, str) else memoryview(first)[self._skip :]
+            )
+        return pieces
+
     @property
     def data(self) -> bytes:
         """The kept bytes, exactly as the process wrote them (no markers)."""
-        return b"".join(p for p in self._pieces if isinstance(p, bytes))
+        return b"".join(p for p in self._live() if not isinstance(p, str))
 
     def text(self, final: bool = False) -> str:
         """The kept output decoded, with a marker where a gap was; without the bytes of an
         unfinished last character unless ``final`` (then they decode to U+FFFD)."""
         if self._text is None:
             parts: list[str] = []
-            run: list[bytes] = [self._head] if self._head else []
+            run: list[bytes | memoryview] = [self._head] if self._head else []
             skip = self.dropped > 0  # the kept tail may start inside a character
 
             def flush(last: bool) -> None:
@@ -170,7 +185,7 @@ class StreamOutput:
                     raw, skip = raw[start:], False
                 parts.append(_decode(raw, "replace", last)[0])
 
-            for piece in self._pieces:
+            for piece in self._live():
                 if isinstance(piece, str):
                     flush(True)
                     parts.append(piece)
