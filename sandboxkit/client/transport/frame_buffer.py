@@ -79,10 +79,14 @@ class FrameBuffer:
             self._fend = stop
         elif self._start == fend:  # nothing unfinished before it: the frames begin here
             self._start, self._fend = start, stop
-        else:  # framing fell inside a frame: close the hole (memoryview moves overlaps)
-            size = stop - start
-            self._view[fend : fend + size] = self._view[start:stop]
-            self._fend = fend + size
+        else:  # framing fell inside a frame: close the hole, moving the smaller side
+            before = fend - self._start  # (a memoryview assignment handles the overlap)
+            if before <= stop - start:  # e.g. a frame's head sent apart from its payload
+                self._view[start - before : start] = self._view[self._start : fend]
+                self._start, self._fend = start - before, stop
+            else:
+                self._view[fend : fend + stop - start] = self._view[start:stop]
+                self._fend = fend + stop - start
 
     def cut(self, frames: list[Frame]) -> None:
         """Append the frames now whole to ``frames``, their payloads borrowed (see
