@@ -8,6 +8,13 @@ turn, so every consumer gets exactly the same bytes and frames. CPU is this proc
 received; medians of ``--repeat`` runs, ratios against httpx.
 
     python3 benchmarks/client_cpu.py [--mb 256] [--repeat 3]
+
+``--consumers N`` measures N SDK consumers in this one process instead (issue 22: a
+notebook holds several handles), live from one child, beside N Redis pub/sub subscribers
+in this process fed the same child's writes (``compare.py``'s reference): aggregate GB/s
+and this process's CPU-s per GB for each, in interleaved rounds (the first a warm-up).
+
+    python3 benchmarks/client_cpu.py --consumers 16 [--mb 32] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from collections.abc import Awaitable, Callable
 
 import httpx
 from _daemon import local_daemon
+from compare import redis_fanout, redis_server, sdk_fanout
 
 from sandboxkit import AsyncSandbox
 from sandboxkit.statefile import DaemonState
@@ -89,11 +97,50 @@ async def measure(state: DaemonState, mb: int, repeat: int) -> None:
         print(f"  {name:<34} {mid:6.3f} [{low:.3f}–{high:.3f}]  {mid / base:5.2f}x")
 
 
+def many(state: DaemonState, mb: int, consumers: int, repeat: int) -> None:
+    """``consumers`` SDK consumers in this process beside as many Redis subscribers."""
+    size = mb * 1024 * 1024
+    with redis_server() as found:
+        systems: dict[str, Callable[[], Awaitable[tuple[int, float]]]] = {
+            "SDK, on_stdout (text chunks)": lambda: sdk_fanout(
+                state.url, state.token, size, consumers
+            ),
+        }
+        if found is not None:
+            systems["Redis pub/sub subscribers"] = lambda: redis_fanout(found[1], size, consumers)
+        rates: dict[str, list[float]] = {name: [] for name in systems}
+        cpu: dict[str, list[float]] = {name: [] for name in systems}
+        for round_ in range(repeat + 1):
+            for name, work in systems.items():
+                start = time.process_time()
+                nbytes, elapsed = asyncio.run(work())
+                if round_:  # the first round warms up
+                    cpu[name].append((time.process_time() - start) / (nbytes / 1e9))
+                    rates[name].append(nbytes / elapsed / 1e9)
+    print(f"{consumers} consumers in one process, {mb} MB each, {repeat} runs (median [range])")
+    redis = statistics.median(rates["Redis pub/sub subscribers"]) if found else None
+    for name in systems:
+        mid, mid_cpu = statistics.median(rates[name]), statistics.median(cpu[name])
+        ratio = f"{mid / redis:5.2f}x Redis" if redis else "(no redis-server)"
+        print(
+            f"  {name:<30} {mid:5.2f} GB/s [{min(rates[name]):.2f}–{max(rates[name]):.2f}]"
+            f" {ratio}; this process {mid_cpu:.3f} CPU-s/GB"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--mb", type=int, default=256)
+    parser.add_argument("--mb", type=int, default=None, help="MB per consumer")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--consumers", type=int, default=None)
     args = parser.parse_args()
+    if args.consumers is not None:
+        mb = args.mb or 32
+        retention = str((mb + 16) * 1024 * 1024)
+        with local_daemon("--retention-bytes", retention) as (_, state):
+            many(state, mb, args.consumers, args.repeat)
+        return
+    args.mb = args.mb or 256
     retention = str((args.mb + 16) * 1024 * 1024)
     with local_daemon("--retention-bytes", retention) as (_, state):
         asyncio.run(measure(state, args.mb, args.repeat))

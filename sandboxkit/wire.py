@@ -27,6 +27,7 @@ from sandboxkit.errors import MalformedFrame, SandboxkitError, error_from_wire
 
 __all__ = [
     "CONTENT_TYPE",
+    "HEADER_SIZE",
     "MAX_META",
     "MAX_PAYLOAD",
     "Frame",
@@ -40,6 +41,8 @@ CONTENT_TYPE = "application/x-sandboxkit-frames"
 MAX_META = 64 * 1024
 MAX_PAYLOAD = 16 * 1024 * 1024
 _HEADER = struct.Struct("!BII")
+HEADER_SIZE = _HEADER.size
+"""Bytes of a frame's fixed header (kind, meta length, payload length)."""
 
 
 class FrameKind(enum.IntEnum):
@@ -55,11 +58,14 @@ class FrameKind(enum.IntEnum):
 
 @dataclass(frozen=True)
 class Frame:
-    """One decoded frame: its kind, its metadata and (for ``data``) its payload."""
+    """One decoded frame: its kind, its metadata and (for ``data``) its payload.
+
+    The payload is ``bytes``, except from :meth:`FrameDecoder.cut` with ``borrow``: a
+    view into the reader's buffer, valid only until the reader reuses it."""
 
     kind: FrameKind
     meta: dict[str, Any] = field(default_factory=dict)
-    payload: bytes = b""
+    payload: bytes | memoryview = b""
 
     def error(self) -> SandboxkitError:
         """The typed error an ``error`` frame carries."""
@@ -94,6 +100,10 @@ class FrameDecoder:
     unfinished frame at the end of a feed is kept, and the next feed completes it with just
     the bytes it lacks before going on in its own bytes (a stream read at full rate would
     otherwise copy every byte into a buffer and out again, issue 11).
+
+    A reader that receives into a buffer of its own can keep the unfinished frame there
+    instead and decode in place (:meth:`cut`, :meth:`frame_size`): the same frames and the
+    same checks, and no byte of the stream copied but the payloads (issue 22).
     """
 
     def __init__(self) -> None:
@@ -129,7 +139,7 @@ class FrameDecoder:
             if len(buf) < _HEADER.size:
                 return -1
         try:
-            size = self._frame_size(buf, 0)
+            size = self.frame_size(buf, 0)
         except MalformedFrame:
             buf += view[taken:]
             raise
@@ -147,7 +157,7 @@ class FrameDecoder:
         buf.clear()
         return taken + more
 
-    def _frame_size(self, buf: bytes | bytearray | memoryview, pos: int) -> int:
+    def frame_size(self, buf: bytes | bytearray | memoryview, pos: int) -> int:
         """The whole size of the frame whose header is at ``pos``; MalformedFrame (and
         the decoder broken) if that header cannot be a frame's."""
         kind: int
@@ -161,7 +171,17 @@ class FrameDecoder:
             )
         return _HEADER.size + meta_len + payload_len
 
-    def _cut(self, view: memoryview, pos: int, frames: list[Frame]) -> int:
+    def cut(self, view: memoryview, pos: int, frames: list[Frame], borrow: bool = False) -> int:
+        """Decode in place: append the whole frames of ``view`` from ``pos`` to
+        ``frames`` and return where the first unfinished one begins (its bytes stay the
+        caller's, to complete and cut again). With ``borrow`` the payloads are views
+        into ``view``, not copies: the caller keeps those bytes until the frames are
+        done with. Not to be mixed with :meth:`feed`."""
+        if self._broken:
+            raise MalformedFrame("decoder already failed on earlier bytes")
+        return self._cut(view, pos, frames, borrow)
+
+    def _cut(self, view: memoryview, pos: int, frames: list[Frame], borrow: bool = False) -> int:
         """Append the whole frames of ``view`` from ``pos``; where the first unfinished
         one begins."""
         end = len(view)
@@ -169,7 +189,7 @@ class FrameDecoder:
         while end - pos >= head:
             kind, meta_len, payload_len = _HEADER.unpack_from(view, pos)
             if kind not in _KINDS or meta_len > MAX_META or payload_len > MAX_PAYLOAD:
-                self._frame_size(view, pos)  # raises, with the reason
+                self.frame_size(view, pos)  # raises, with the reason
             meta_start = pos + head
             payload_start = meta_start + meta_len
             frame_end = payload_start + payload_len
@@ -187,7 +207,8 @@ class FrameDecoder:
                     ) from None
             else:
                 meta = {}
-            frames.append(Frame(_KIND_OF[kind], meta, bytes(view[payload_start:frame_end])))
+            payload = view[payload_start:frame_end]
+            frames.append(Frame(_KIND_OF[kind], meta, payload if borrow else bytes(payload)))
             pos = frame_end
         return pos
 

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sandboxkit.client.transport.frame_buffer import FrameBuffer
 from sandboxkit.client.transport.raw import RawFrameStream
 from sandboxkit.client.transport.raw_stream import BadChunk, ChunkedBody, open_raw_stream
 from sandboxkit.errors import DaemonUnavailable, MalformedFrame, SandboxkitError
@@ -183,3 +184,110 @@ def test_any_response_raises_only_typed_errors(head: bytes, body: bytes) -> None
         assert not errors
 
     asyncio.run(attempt())
+
+
+# -- the receive buffer: frames cut where they were received ------------------------------
+
+
+def _read_through(buffer: FrameBuffer, reads: list[bytes], release: bool = False) -> list[Frame]:
+    """The frames of a chunked body received in ``reads`` (each split by the room the
+    buffer offers, as the socket would be). Their payloads are borrowed from the buffer:
+    ``release`` copies them and releases them after each read (a consumer keeping up),
+    else they are held to the end (one that keeps them: they must stay intact)."""
+    body = ChunkedBody()
+    frames: list[Frame] = []
+    for data in reads:
+        while data:
+            space = buffer.space()
+            assert len(space) > 0  # the buffer always has room for the next read
+            size = min(len(space), len(data))
+            space[:size] = data[:size]
+            data = data[size:]
+            start, end = buffer.received(size)
+            body.feed_at(buffer.raw, start, end, buffer.piece)
+            buffer.cut(frames)
+            if release:
+                frames = [Frame(f.kind, f.meta, bytes(f.payload)) for f in frames]
+                buffer.release()
+    assert body.done
+    return frames
+
+
+_PAYLOADS = st.lists(
+    st.binary(max_size=40) | st.integers(0, 3000).map(lambda n: bytes(range(256)) * (n // 256)),
+    max_size=8,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    payloads=_PAYLOADS,
+    size=st.sampled_from([16, 64, 300, 4096]),
+    chunk_cuts=st.lists(st.integers(0, 20000), max_size=10),
+    read_cuts=st.lists(st.integers(0, 20000), max_size=12),
+    release=st.booleans(),
+)
+def test_frames_are_cut_in_place_however_bytes_and_chunks_fall(
+    payloads: list[bytes], size: int, chunk_cuts: list[int], read_cuts: list[int], release: bool
+) -> None:
+    # Chunks cut anywhere (inside headers, metadata and payloads: the framing must be
+    # closed up), reads cut anywhere, frames larger than the buffer (it grows, then
+    # shrinks back), frames that fit (moved to the front when the room runs out), and
+    # payloads borrowed and never released: a new buffer rather than overwrite them.
+    sent = [Frame(FrameKind.DATA, {"seq": i}, p) for i, p in enumerate(payloads)]
+    stream = b"".join(encode_frame(f.kind, f.meta, f.payload) for f in sent)
+    encoded = _chunked(_splits(stream, chunk_cuts), [], [])
+    buffer = FrameBuffer(size)
+    assert _read_through(buffer, _splits(encoded, read_cuts), release) == sent
+    assert buffer.pending == 0
+    buffer.release()
+    assert len(buffer.raw) == size
+
+
+def test_frames_aligned_with_chunks_are_never_moved() -> None:
+    # The daemon sends whole frames per chunk: each read's frames are cut where they lie,
+    # and a frame a read leaves unfinished is completed right after itself (while there
+    # is room: here, always).
+    frames = [encode_frame(FrameKind.DATA, {"seq": i}, bytes([i]) * 700) for i in range(6)]
+    encoded = _chunked([b"".join(frames[:3]), b"".join(frames[3:])], [], [])
+    buffer = FrameBuffer(64 * 1024)
+    moves: list[int] = []
+    original = buffer._move_front
+    buffer._move_front = lambda: moves.append(1) or original()  # type: ignore[method-assign]
+    got = _read_through(buffer, _splits(encoded, [1000, 2500, 3100]), release=True)
+    assert [f.payload for f in got] == [bytes([i]) * 700 for i in range(6)]
+    assert not moves
+
+
+def test_a_broken_frame_header_in_the_buffer_is_malformed() -> None:
+    buffer = FrameBuffer(64)
+    with pytest.raises(MalformedFrame):
+        _read_through(buffer, [_chunked([b"\x63" + b"\x00" * 12], [], [])])
+
+
+async def test_borrowed_payloads_hold_until_the_next_batch_even_for_a_slow_reader() -> None:
+    # A reader that yields to the loop while handling each batch lets more reads land in
+    # the buffer meanwhile: the frames they complete are borrowed too, and must still be
+    # intact when their batch comes, whatever was released in between.
+    payloads = [bytes([i % 251]) * (3000 + 7 * i) for i in range(400)]
+    got: list[bytes] = []
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(_HEAD + b"transfer-encoding: chunked\r\n\r\n")
+        for i, payload in enumerate(payloads):  # a frame per chunk and write, as the daemon
+            frame = encode_frame(FrameKind.DATA, {"seq": i}, payload)
+            writer.write(b"%x\r\n%s\r\n" % (len(frame), frame))
+            await writer.drain()
+            await asyncio.sleep(0)  # sleep-ok: lets the reader read between writes
+        writer.write(b"0\r\n\r\n")
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    async with server, open_raw_stream(url, "/stream", {}, {}) as raw:
+        async for batch in raw.batches(borrow=True):
+            for _ in range(3):
+                await asyncio.sleep(0)  # sleep-ok: a slow reader, letting reads in
+            got += [bytes(frame.payload) for frame in batch]  # still its own bytes
+    assert got == payloads

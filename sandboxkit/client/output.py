@@ -63,7 +63,7 @@ class Cursor(int):
     __str__ = int.__repr__  # str(cursor) is the number, as in a query string
 
 
-def incomplete_tail(data: bytes) -> int:
+def incomplete_tail(data: bytes | memoryview) -> int:
     """How many bytes at the end of ``data`` begin a UTF-8 character they do not finish
     (0–3). UTF-8 synchronises on its lead bytes, so the last three bytes tell."""
     end = len(data)
@@ -90,24 +90,27 @@ class StreamOutput:
         self.dropped = 0
         self._head = tail  # bytes of a character the previous handle began
         self._pieces: deque[bytes | str] = deque()  # bytes, or a marker (str)
+        self._skip = 0  # leading bytes (or characters) of the first piece no longer kept
         self._kept = 0
         self._text: str | None = ""
 
-    def add(self, data: bytes, decode: bool) -> str:
+    def add(self, data: bytes | memoryview, decode: bool) -> str:
         """Record a chunk; its text (with the tail before it) if ``decode``, else ``""``
-        (the tail is tracked either way)."""
+        (the tail is tracked either way). ``data`` may be a view (decoded straight from
+        the receive buffer) only if nothing is kept (``keep`` false)."""
         self.received += len(data)
         text = ""
         if decode:
             joined = self.tail + data if self.tail else data
             text, used = _decode(joined, "replace", False)
-            self.tail = joined[used:]
+            self.tail = bytes(joined[used:])
         elif len(data) >= 3:
-            self.tail = data[len(data) - incomplete_tail(data) :]
+            self.tail = bytes(data[len(data) - incomplete_tail(data) :])
         else:
             joined = self.tail + data
             self.tail = joined[len(joined) - incomplete_tail(joined) :]
         if self.limit != 0:
+            assert type(data) is bytes, "kept output must be bytes of its own"
             self._pieces.append(data)
             self._kept += len(data)
             self._text = None
@@ -132,29 +135,43 @@ class StreamOutput:
         while self._kept > self.limit:
             first = self._pieces[0]
             excess = self._kept - self.limit
-            if len(first) <= excess:
+            left = len(first) - self._skip
+            if left <= excess:
                 self._pieces.popleft()
-                self._kept -= len(first)
+                self._skip = 0
+                self._kept -= left
                 if isinstance(first, bytes):
-                    self.dropped += len(first)
+                    self.dropped += left
             else:
-                self._pieces[0] = first[excess:]
+                # Skipped, not sliced off: a slice would copy the rest of the piece on
+                # every chunk added (the usual case for a stream read at full rate).
+                self._skip += excess
                 self._kept -= excess
                 if isinstance(first, bytes):
                     self.dropped += excess
             self._head = b""
 
+    def _live(self) -> list[bytes | memoryview | str]:
+        """The pieces as kept: the first without its skipped start."""
+        pieces: list[bytes | memoryview | str] = list(self._pieces)
+        if self._skip:
+            first = pieces[0]
+            pieces[0] = (
+                first[self._skip :] if isinstance(first, str) else memoryview(first)[self._skip :]
+            )
+        return pieces
+
     @property
     def data(self) -> bytes:
         """The kept bytes, exactly as the process wrote them (no markers)."""
-        return b"".join(p for p in self._pieces if isinstance(p, bytes))
+        return b"".join(p for p in self._live() if not isinstance(p, str))
 
     def text(self, final: bool = False) -> str:
         """The kept output decoded, with a marker where a gap was; without the bytes of an
         unfinished last character unless ``final`` (then they decode to U+FFFD)."""
         if self._text is None:
             parts: list[str] = []
-            run: list[bytes] = [self._head] if self._head else []
+            run: list[bytes | memoryview] = [self._head] if self._head else []
             skip = self.dropped > 0  # the kept tail may start inside a character
 
             def flush(last: bool) -> None:
@@ -168,7 +185,7 @@ class StreamOutput:
                     raw, skip = raw[start:], False
                 parts.append(_decode(raw, "replace", last)[0])
 
-            for piece in self._pieces:
+            for piece in self._live():
                 if isinstance(piece, str):
                     flush(True)
                     parts.append(piece)

@@ -17,6 +17,7 @@ import httpx
 from sandboxkit._compat import within
 from sandboxkit.client.api import ApiClient
 from sandboxkit.client.frames import KeepaliveMeta, StartMeta, parse_meta
+from sandboxkit.client.lines import split_lines
 from sandboxkit.client.options import (
     CONNECT_KEYWORDS,
     ConnectOptions,
@@ -63,9 +64,6 @@ raw chunk as it arrived (possibly part of a line, or several)."""
 
 BytesCallback = Callable[[bytes], Any]
 """Called with each chunk's bytes exactly as the process wrote them; sync or async."""
-
-_LONGEST_LINE = 64 * 1024
-"""A line that grows past this without a newline is delivered in pieces of this size."""
 
 
 @dataclass(frozen=True)
@@ -396,7 +394,9 @@ class ProcessStream:
             except TimeoutError:
                 raise _Silent() from None
             self.stats.attaches += 1
-            batches = frames.batches().__aiter__()
+            # Borrowed: a payload is a view into the receive buffer until the next batch;
+            # _deliver copies it only for what keeps it (a bytes callback, keep_output).
+            batches = frames.batches(borrow=True).__aiter__()
             if sys.version_info >= (3, 11):
                 await self._read_watched(batches)
                 return
@@ -518,11 +518,14 @@ class ProcessStream:
             if broken:
                 await self._emit(target, broken)
 
-    async def _deliver(self, stream: str, data: bytes) -> None:
+    async def _deliver(self, stream: str, data: bytes | memoryview) -> None:
         target = "stderr" if stream == "stderr" else "stdout"
         raw = self.on_stderr_bytes if target == "stderr" else self.on_stdout_bytes
         callback = self.on_stderr if target == "stderr" else self.on_stdout
-        text = self.output[target].add(data, decode=callback is not None)
+        output = self.output[target]
+        if type(data) is memoryview and (raw is not None or output.limit != 0):
+            data = bytes(data)  # kept, or handed to a caller: bytes of its own
+        text = output.add(data, decode=callback is not None)
         if raw is not None:
             await _call(raw, data)
         if text:
@@ -538,19 +541,7 @@ class ProcessStream:
                 text, self._partial[target] = partial + text, ""
             await _call(callback, text)
             return
-        joined = partial + text if partial else text
-        if "\n" in text:
-            *complete, rest = joined.split("\n")
-        else:  # no line ends here: nothing to split (a long line, chunk by chunk)
-            complete, rest = [], joined
-        if len(rest) > _LONGEST_LINE:
-            # Pieces of the longest size, leaving at most that much to wait for its end.
-            pieces = (len(rest) - 1) // _LONGEST_LINE
-            complete += (
-                rest[i : i + _LONGEST_LINE] for i in range(0, pieces * _LONGEST_LINE, _LONGEST_LINE)
-            )
-            rest = rest[pieces * _LONGEST_LINE :]
-        self._partial[target] = rest
+        complete, self._partial[target] = split_lines(partial, text)
         for line in complete:
             await _call(callback, line.removesuffix("\r"))
 
@@ -593,5 +584,5 @@ class ProcessStream:
 
 async def _call(callback: Callable[..., Any], *args: Any) -> None:
     result = callback(*args)
-    if inspect.isawaitable(result):
+    if result is not None and inspect.isawaitable(result):  # None: the usual, asked first
         await result

@@ -8,6 +8,7 @@ httpx for everything else — and :func:`make_transport`, which picks one for a 
 | `raw.py` | `RawTransport`: the loopback fast path |
 | `raw_unary.py` | JSON requests over kept-alive sockets of our own (`RawPool`) |
 | `raw_stream.py` | a stream read off its socket, chunked body decoded into frames in place |
+| `frame_buffer.py` | `FrameBuffer`: the receive buffer whose frames are cut where they lie |
 | `via_httpx.py` | `HttpxTransport`: TLS, proxies, a caller's own httpx transport |
 """
 

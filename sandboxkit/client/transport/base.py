@@ -33,16 +33,15 @@ class FrameStream(AsyncIterator[Frame]):
     A transport hands its own subclass, which knows how to close the connection under it
     (:meth:`aclose`, :meth:`abort`)."""
 
-    def __init__(
-        self, body: AsyncIterator[bytes], batches: AsyncIterator[list[Frame]] | None = None
-    ) -> None:
+    def __init__(self, body: AsyncIterator[bytes]) -> None:
         self._body = body
-        self._batches = batches  # frames decoded below (raw_stream), if they are
         self._frames = self._each()
 
-    def batches(self) -> AsyncIterator[list[Frame]]:
-        """Lists of frames, one per network read that completed any."""
-        return self._batches if self._batches is not None else self._decode()
+    def batches(self, borrow: bool = False) -> AsyncIterator[list[Frame]]:
+        """Lists of frames, one per network read that completed any. ``borrow``: the
+        payloads may be views into the transport's buffer, valid only until the next
+        batch is asked for (a transport that decodes in place then copies none)."""
+        return self._decode()
 
     async def _decode(self) -> AsyncIterator[list[Frame]]:
         decoder = FrameDecoder()

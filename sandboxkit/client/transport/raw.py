@@ -16,6 +16,7 @@ from sandboxkit.client.transport.base import FrameStream
 from sandboxkit.client.transport.raw_stream import RawStream, open_raw_stream
 from sandboxkit.client.transport.raw_unary import RawPool, encode_query
 from sandboxkit.errors import MalformedFrame, SandboxkitError, error_from_wire
+from sandboxkit.wire import Frame
 
 __all__ = ["RawFrameStream", "RawTransport"]
 
@@ -27,8 +28,13 @@ class RawFrameStream(FrameStream):
     """The frames of a stream read off its socket (decoded there, as bytes arrive)."""
 
     def __init__(self, raw: RawStream) -> None:
-        super().__init__(raw.chunks(), raw.batches() if raw.framed else None)
+        super().__init__(raw.chunks())
         self._raw = raw
+
+    def batches(self, borrow: bool = False) -> AsyncIterator[list[Frame]]:
+        if self._raw.framed:
+            return self._raw.batches(borrow)
+        return super().batches(borrow)
 
     async def aclose(self) -> None:
         self._raw.close()

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import re
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlencode, urlsplit
@@ -26,17 +27,27 @@ from urllib.parse import urlencode, urlsplit
 import h11
 
 from sandboxkit._compat import within
+from sandboxkit.client.transport.frame_buffer import FrameBuffer
 from sandboxkit.errors import DaemonUnavailable, MalformedFrame, SandboxkitError, error_from_wire
-from sandboxkit.wire import Frame, FrameDecoder
+from sandboxkit.wire import Frame
 
 __all__ = ["ChunkedBody", "RawStream", "open_raw_stream"]
 
 _READ = 256 * 1024
-"""Bytes taken from the socket per read at most (the daemon sends up to 256 KiB at a time)."""
+"""Bytes taken from the socket per read at most while the stream waits for them (the
+daemon sends up to 256 KiB at a time)."""
 _BUFFER = 128 * 1024
-"""The reader stops taking from the socket at more than this much received and not yet
-taken by the stream (and resumes once it is): a reader that falls behind must show as
-behind at the daemon (its lag, its gaps), not fill client memory."""
+"""While the stream is busy with frames it has (a slow callback), the reader takes at
+most this much more from the socket, then stops reading until the stream waits again:
+a reader that falls behind must show as behind at the daemon (its lag, its gaps), not
+fill client memory. A stream that takes each read's frames before the next (the usual
+case) is never paused, which would cost two system calls and a round of Python per
+read."""
+_MIN_READ = 4096
+_RECEIVE_BUFFER = 256 * 1024
+"""The socket's receive buffer, fixed (the kernel doubles it): left to autotune it grows
+to tens of MB, and a reader that stopped reading would not show as behind at the daemon
+until all of that filled."""
 _OPEN_TIMEOUT = 10.0
 _ERROR_BODY = 1024 * 1024
 _LINE = 4096
@@ -67,52 +78,56 @@ class ChunkedBody:
     def feed(self, data: bytes | bytearray, out: Any, end: int | None = None) -> None:
         """Decode ``data`` (up to ``end``); call ``out(view)`` for each piece of chunk
         data in it."""
-        end = len(data) if end is None else end
-        pos = 0
         with memoryview(data) as view:
-            while pos < end:
-                if self.done:
-                    raise BadChunk("bytes after the end of the body")
+            self.feed_at(data, 0, len(data) if end is None else end, lambda a, b: out(view[a:b]))
+
+    def feed_at(self, data: bytes | bytearray, pos: int, end: int, out: Any) -> None:
+        """Decode ``data[pos:end]``; call ``out(start, stop)`` with the offsets in
+        ``data`` of each piece of chunk data in it (for a reader that keeps the data
+        where it was received)."""
+        while pos < end:
+            if self.done:
+                raise BadChunk("bytes after the end of the body")
+            if self._left:
+                take = min(self._left, end - pos)
+                out(pos, pos + take)
+                pos += take
+                self._left -= take
                 if self._left:
-                    take = min(self._left, end - pos)
-                    out(view[pos : pos + take])
-                    pos += take
-                    self._left -= take
-                    if self._left:
-                        continue
-                    if data[pos : pos + 2] == b"\r\n":  # the usual case: the CRLF is here
-                        pos += 2
-                    else:
-                        self._crlf = 2
                     continue
-                if self._crlf:
-                    if data[pos] != (13 if self._crlf == 2 else 10):
-                        raise BadChunk("chunk data not followed by CRLF")
-                    pos += 1
-                    self._crlf -= 1
-                    continue
-                if not self._line and not self._trailers:
-                    # The usual case, in one step: a whole size line (and its extensions).
-                    match = _SIZE_LINE.match(data, pos, end)
-                    if match is not None:
-                        self._left = int(match[1], 16)
-                        self._trailers = not self._left
-                        pos = match.end()
-                        continue
-                newline = data.find(b"\n", pos, end)
-                if newline < 0:
-                    self._line += view[pos:end]
-                    if len(self._line) > _LINE:
-                        raise BadChunk("chunk line too long")
-                    return
-                if self._line:
-                    self._line += view[pos:newline]
-                    line = bytes(self._line)
-                    self._line.clear()
+                if data[pos : pos + 2] == b"\r\n":  # the usual case: the CRLF is here
+                    pos += 2
                 else:
-                    line = bytes(view[pos:newline])
-                pos = newline + 1
-                self._line_done(line)
+                    self._crlf = 2
+                continue
+            if self._crlf:
+                if data[pos] != (13 if self._crlf == 2 else 10):
+                    raise BadChunk("chunk data not followed by CRLF")
+                pos += 1
+                self._crlf -= 1
+                continue
+            if not self._line and not self._trailers:
+                # The usual case, in one step: a whole size line (and its extensions).
+                match = _SIZE_LINE.match(data, pos, end)
+                if match is not None:
+                    self._left = int(match[1], 16)
+                    self._trailers = not self._left
+                    pos = match.end()
+                    continue
+            newline = data.find(b"\n", pos, end)
+            if newline < 0:
+                self._line += data[pos:end]
+                if len(self._line) > _LINE:
+                    raise BadChunk("chunk line too long")
+                return
+            if self._line:
+                self._line += data[pos:newline]
+                line = bytes(self._line)
+                self._line.clear()
+            else:
+                line = bytes(data[pos:newline])
+            pos = newline + 1
+            self._line_done(line)
 
     def _line_done(self, line: bytes) -> None:
         if len(line) > _LINE or not line.endswith(b"\r"):
@@ -143,8 +158,7 @@ class _Reader(asyncio.BufferedProtocol):
     def __init__(self) -> None:
         self.conn = h11.Connection(h11.CLIENT)
         self.transport: asyncio.Transport | None = None
-        self._raw = bytearray(_READ)
-        self._buffer = memoryview(self._raw)
+        self._buffer = FrameBuffer()
         self._unread = 0
         self._paused = False
         self._closed = False
@@ -152,7 +166,6 @@ class _Reader(asyncio.BufferedProtocol):
         self._waiter: asyncio.Future[None] | None = None
         # The body, once it is read as frames (see start_frames).
         self._body: ChunkedBody | None = None
-        self._decoder = FrameDecoder()
         self._frames: list[Frame] = []
 
     # -- the event loop's side -------------------------------------------------------
@@ -162,22 +175,26 @@ class _Reader(asyncio.BufferedProtocol):
         self.transport = transport
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return self._buffer
+        space = self._buffer.space()
+        waiting = self._waiter is not None  # the stream takes these bytes at once
+        room = _READ if waiting else max(_BUFFER - self._unread, _MIN_READ)
+        return space if len(space) <= room else space[:room]
 
     def buffer_updated(self, nbytes: int) -> None:
         if self._error is not None:
             return
         try:
             if self._body is not None:
-                self._take(self._raw, nbytes)
+                self._take(nbytes)
             else:
                 # h11 appends the bytes to its buffer: any bytes-like will do, no copy first.
-                self.conn.receive_data(self._buffer[:nbytes])  # type: ignore[arg-type]
+                self.conn.receive_data(self._buffer.space()[:nbytes])  # type: ignore[arg-type]
         except RuntimeError as exc:  # h11: bytes after the end
             self._fail(DaemonUnavailable(f"stream broke: {exc!r}"[:300]))
             return
         self._unread += nbytes
-        if self._unread > _BUFFER and not self._paused and self.transport is not None:
+        busy = self._waiter is None
+        if busy and self._unread >= _BUFFER and not self._paused and self.transport is not None:
             self._paused = True
             self.transport.pause_reading()
         self._wake()
@@ -201,19 +218,18 @@ class _Reader(asyncio.BufferedProtocol):
             self._fail(DaemonUnavailable("stream broke: connection closed inside the body"))
         self._wake()
 
-    def _take(self, data: bytes | bytearray, size: int) -> None:
+    def _take(self, nbytes: int) -> None:
+        """``nbytes`` were received into the buffer's space: their frames, in place."""
         assert self._body is not None
+        buffer = self._buffer
+        start, end = buffer.received(nbytes)
         try:
-            self._body.feed(data, self._feed, size)
+            self._body.feed_at(buffer.raw, start, end, buffer.piece)
+            buffer.cut(self._frames)
         except BadChunk as exc:
             self._fail(DaemonUnavailable(f"stream broke: {exc}"[:300]))
         except MalformedFrame as exc:
             self._fail(exc)
-
-    def _feed(self, piece: memoryview) -> None:
-        frames = self._decoder.feed(piece)
-        if frames:
-            self._frames += frames
 
     def _fail(self, error: BaseException) -> None:
         if self._error is None:
@@ -257,29 +273,48 @@ class _Reader(asyncio.BufferedProtocol):
         """Read the rest of the body (chunked) as frames: see :meth:`batches`."""
         self._body = ChunkedBody()
         rest, closed = self.conn.trailing_data
-        if rest:
-            self._take(rest, len(rest))
+        while rest and self._error is None:  # body bytes read with the head
+            space = self._buffer.space()
+            size = min(len(space), len(rest))
+            space[:size] = rest[:size]
+            rest = rest[size:]
+            self._take(size)
         if closed:
             self._end()
 
-    async def batches(self) -> AsyncIterator[list[Frame]]:
-        """The frames each read completed; the end of the body ends it."""
+    async def batches(self, borrow: bool = False) -> AsyncIterator[list[Frame]]:
+        """The frames each read completed; the end of the body ends it. With ``borrow``
+        the payloads are views into the receive buffer, valid until the next batch is
+        asked for (no copy: a consumer that only decodes them never needs one)."""
         body = self._body
+        buffer = self._buffer
         assert body is not None
         while True:
             if self._frames:
                 frames, self._frames = self._frames, []
+                if not borrow:
+                    frames = [_owned(frame) for frame in frames]
+                    buffer.release()
                 yield frames
+                if not self._frames:  # done with every frame cut so far
+                    buffer.release()
                 continue
             if self._error is not None:
                 raise self._error
             if body.done:
-                if self._decoder.pending:
+                if self._buffer.pending:
                     raise MalformedFrame(
-                        f"stream ended inside a frame ({self._decoder.pending} bytes)"
+                        f"stream ended inside a frame ({self._buffer.pending} bytes)"
                     )
                 return
             await self._wait()
+
+
+def _owned(frame: Frame) -> Frame:
+    """``frame`` with a payload of its own (not a view into the receive buffer)."""
+    if type(frame.payload) is memoryview:
+        return Frame(frame.kind, frame.meta, bytes(frame.payload))
+    return frame
 
 
 class RawStream:
@@ -293,9 +328,10 @@ class RawStream:
         """True if the body is read as frames (:meth:`batches`), not bytes."""
         return self._reader._body is not None
 
-    def batches(self) -> AsyncIterator[list[Frame]]:
-        """The body's frames, in lists: the frames each read completed."""
-        return self._reader.batches()
+    def batches(self, borrow: bool = False) -> AsyncIterator[list[Frame]]:
+        """The body's frames, in lists: the frames each read completed (``borrow``:
+        see :meth:`_Reader.batches`)."""
+        return self._reader.batches(borrow)
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The body's bytes as h11 reads them (a body not read as frames)."""
@@ -351,6 +387,10 @@ async def open_raw_stream(
         _, reader = await within(loop.create_connection(_Reader, host, port), _OPEN_TIMEOUT)
     except (OSError, TimeoutError) as exc:
         raise DaemonUnavailable(f"cannot reach the daemon: {exc!r}", url=url) from exc
+    sock = reader.transport.get_extra_info("socket") if reader.transport else None
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _RECEIVE_BUFFER)
     conn = reader.conn
     stream = RawStream(reader)
     try:
