@@ -129,12 +129,13 @@ def _alive(p: psutil.Process) -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (pyproject's addopts), every browser test goes to one worker:
-    they share one JupyterLab per worker (``jupyter``), and two of them at once would
-    load 2 cores with two servers and two Chromiums."""
+    """Under pytest-xdist (pyproject's addopts): a module's tests run on one worker, in
+    order, beside its module-scoped daemons (as without xdist); every browser test goes
+    to one worker, where they share one JupyterLab (``jupyter``) — two at once would load
+    2 cores with two servers and two Chromiums."""
     for item in items:
-        if item.get_closest_marker("browser"):
-            item.add_marker(pytest.mark.xdist_group("browser"))
+        group = "browser" if item.get_closest_marker("browser") else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -277,10 +277,14 @@ def test_lab_loss_is_a_marker_in_the_panel_in_the_status_lines_units(
             while lab.commands.get(pid).head < head + 20:  # output the panel does not read
                 assert time.monotonic() < deadline, "no output while detached"
                 page.wait_for_timeout(50)  # sleep-ok: a poll of the daemon with a deadline
+            # Paused, so that the counter's next lines do not scroll the marker out of
+            # the panel's 8 rows before it is read (50 lines a second).
+            lab.pause()
+            panel.locator("button", has_text="Reattach").click()
+            rows = wait_rows(page, 0, r"bytes lost: not replayed", 10)
+            lab.resume()
         finally:
             lab.close()
-        panel.locator("button", has_text="Reattach").click()
-        rows = wait_rows(page, 0, r"bytes lost: not replayed", 10)
         marker = next(r for r in rows if "bytes lost" in r)
         assert re.search(r"… \d+ bytes lost: not replayed: .* \(cursor \d+–\d+\)", marker), marker
         boxes = page.locator(
