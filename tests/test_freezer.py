@@ -412,25 +412,6 @@ async def test_launch_members_are_what_one_leader_started(backend: str, tmp_path
         assert all(not is_gone(pid) for pid in others)
 
 
-@pytest.mark.asyncio
-@pytest.mark.timeout(90)
-@pytest.mark.skipif(not cgroup_v2_available(), reason="no cgroup v2 freezer")
-async def test_a_leader_whose_wrapper_has_not_joined_yet_is_signalled(tmp_path: Path) -> None:
-    """The daemon registers a launch's leader without moving it (``joined=True``: its
-    wrapper joins the cgroup first thing). A kill that comes before the wrapper got that
-    far still reaches the leader — not nothing, then SIGKILL after the grace."""
-    async with sandbox("cgroup", tmp_path) as sb:
-        # A leader still outside the cgroup, as a wrapper is for its first instants.
-        proc = await asyncio.create_subprocess_exec("sleep", "60", start_new_session=True)
-        sb.procs.append(proc)
-        sb.known.add(proc.pid)
-        sb.tree.add(proc.pid, "late", joined=True)
-        assert proc.pid not in sb.tree.members()
-        assert set(sb.tree.launch_members("late")) == {proc.pid}
-        sb.tree.signal_launch("late", signal.SIGTERM)
-        assert await asyncio.wait_for(proc.wait(), DEADLINE) == -signal.SIGTERM
-
-
 @pytest.mark.timeout(90)
 def test_pid_alive_says_no_to_a_zombie() -> None:
     """The one liveness check (CLI, client, daemon): an exited process nobody reaped yet

@@ -270,15 +270,11 @@ class ManagedProcess:
             self._stdin_pipe.set_write_buffer_limits(high=0, low=0)
         self.pid = transport.get_pid()
         self._stdin.pid = self.pid
-        if freezer.cgroup_joins():
-            # The wrapper joined before anything ran (or exited without running it): its
-            # identity is read, one small /proc file, no thread hop on every run.
-            freezer.add(self.pid, self.launch, joined=True)
-        else:
-            # Off the event loop: a backend's adoption reads /proc (signals) or moves the
-            # pid, and the first pid written into a new cgroup takes 9-13 ms (the kernel's
-            # cgroup migration), during which every stream of the daemon would wait.
-            await asyncio.to_thread(freezer.add, self.pid, self.launch)
+        # Off the event loop: the first pid written into a new cgroup takes 9-13 ms (the
+        # kernel's cgroup migration), during which every stream of the daemon would wait.
+        # Also where the wrapper joins by itself: left to the wrapper alone, a namespaced
+        # sandbox's first command took about 4 ms longer (benchmarks/isolation.py).
+        await asyncio.to_thread(freezer.add, self.pid, self.launch)
         self._freezer = freezer
         self.started_at = time.time()
         if self.log.disk_error is not None:  # its directory could not even be made

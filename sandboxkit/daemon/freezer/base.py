@@ -61,14 +61,11 @@ class Freezer(abc.ABC):
         """Environment for the process of ``launch``: its owner mark."""
         return {MARK_VAR: str(daemon_mark(self.sandbox_id, launch))}
 
-    def add(self, pid: int, launch: str | None = None, *, joined: bool = False) -> None:
-        """Register a newly started leader (of ``launch``, when it has one). ``joined``:
-        it was started through a wrapper that joins :meth:`cgroup_joins` before anything
-        else runs (or exits), so it is a member already and nothing is moved."""
+    def add(self, pid: int, launch: str | None = None) -> None:
+        """Register a newly started leader (of ``launch``, when it has one)."""
         if self._closed:
             raise RuntimeError("freezer is closed")
-        if not joined:
-            self._adopt(pid)
+        self._adopt(pid)
         if launch is not None and (ident := ident_of(pid)) is not None:
             self._launches[launch] = ident
 
@@ -106,10 +103,6 @@ class Freezer(abc.ABC):
         if leader is not None:
             now = read_stat(leader.pid)
             session = leader.pid if now is None or now.starttime == leader.starttime else None
-            if now is not None and now.ident == leader and now.alive:
-                # Its wrapper may not have joined the cgroup yet (a kill right after the
-                # start, see ``add(joined=True)``): the leader is the launch's all the same.
-                members = {**members, now.pid: now}
         chosen: set[int] = set()
         for st in members.values():
             if (
