@@ -20,6 +20,7 @@ from sandboxkit._version import __version__
 from sandboxkit.cli.find_daemon import state_path
 from sandboxkit.cli.options import add_command, add_state_file
 from sandboxkit.daemon.config import DaemonConfig
+from sandboxkit.daemon.file_span import ZERO_COPY_MODES
 from sandboxkit.statefile import read_state, remove_state
 from sandboxkit.vocab import ENVD_PORT
 
@@ -48,6 +49,11 @@ CONFIG_OPTIONS: dict[str, str] = {
     "body_timeout": "seconds a request body may pause before its connection is closed",
     "max_connections": "connections kept open; past it idle unauthenticated ones are closed",
     "fd_reserve": "file descriptors idle connections may not take (kept for processes and files)",
+    "zero_copy": (
+        "send a reader's output straight from the log's files (sendfile): for isolated "
+        "sandboxes while no unisolated one ran (auto), for every sandbox (on: their code is "
+        "trusted), or never (off); $SANDBOXKIT_ZERO_COPY sets the default"
+    ),
 }
 """The :class:`DaemonConfig` fields ``serve`` sets from the options of the same name
 (``--retention-bytes`` …), with their help; each option's default and type are the
@@ -56,6 +62,7 @@ field's."""
 _CHOICES: dict[str, list[str]] = {
     "freezer": ["auto", "cgroup", "signals"],
     "isolation": ["auto", "namespaces", "none"],
+    "zero_copy": list(ZERO_COPY_MODES),
 }
 """The options among them that take one of a few names."""
 
