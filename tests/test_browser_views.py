@@ -277,12 +277,16 @@ def test_lab_loss_is_a_marker_in_the_panel_in_the_status_lines_units(
             while lab.commands.get(pid).head < head + 20:  # output the panel does not read
                 assert time.monotonic() < deadline, "no output while detached"
                 page.wait_for_timeout(50)  # sleep-ok: a poll of the daemon with a deadline
-            # Paused, so that the counter's next lines do not scroll the marker out of
-            # the panel's 8 rows before it is read (50 lines a second).
-            lab.pause()
+            # The counter ends here, so that its next lines cannot scroll the marker out
+            # of the panel's 8 rows before it is read (50 lines a second). Not a pause:
+            # under ``blocking`` a pause-snapshot ghost would wedge the flood below (F1).
+            lab.commands.kill(pid)
+            poll_until = time.monotonic() + 10
+            while lab.commands.get(pid).state != "exited":
+                assert time.monotonic() < poll_until, "the counter did not exit"
+                page.wait_for_timeout(50)  # sleep-ok: a poll of the daemon with a deadline
             panel.locator("button", has_text="Reattach").click()
             rows = wait_rows(page, 0, r"bytes lost: not replayed", 10)
-            lab.resume()
         finally:
             lab.close()
         marker = next(r for r in rows if "bytes lost" in r)
