@@ -348,16 +348,10 @@ def _browser(state: Any, *, panels: int, rate: float, seconds: float) -> dict[st
     base = Path(tempfile.mkdtemp(prefix="sbx-classroom-"))
     warmup = 3.0
     with _lab(base, _cell(state, panels, rate, seconds + warmup + 60)) as server:
-        from jupyter_harness import CHROMIUM, CHROMIUM_ARGS, deadline_poll
+        from jupyter_harness import deadline_poll, persistent_chromium
 
         with sync_playwright() as pw:
-            context = pw.chromium.launch_persistent_context(
-                str(base / "chromium-profile"),
-                executable_path=CHROMIUM,
-                headless=True,
-                args=CHROMIUM_ARGS,
-                viewport={"width": 1300, "height": 1100},
-            )
+            context = persistent_chromium(pw, base / "chromium-profile", 1300, 1100)
             try:
                 context.set_default_timeout(60_000)
                 page = context.new_page()

@@ -24,10 +24,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
 from jupyter_harness import (  # noqa: E402
-    CHROMIUM,
-    CHROMIUM_ARGS,
     JupyterLab,
     deadline_poll,
+    persistent_chromium,
     stop_daemon,
 )
 
@@ -91,13 +90,8 @@ def main() -> None:
         try:
             server.start().wait_ready(timeout=90)
             with sync_playwright() as pw:
-                context = pw.chromium.launch_persistent_context(
-                    str(base / "chromium-profile"),
-                    executable_path=CHROMIUM,
-                    headless=True,
-                    args=CHROMIUM_ARGS,
-                    viewport={"width": 1100, "height": 1000},
-                    device_scale_factor=1,
+                context = persistent_chromium(
+                    pw, base / "chromium-profile", 1100, 1000, device_scale_factor=1
                 )
                 try:
                     page = context.new_page()

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import psutil
@@ -458,6 +458,23 @@ def wait_for_leftovers(procs: list[psutil.Process], what: str, failed: bool) -> 
         reap(left)
         if not failed:
             pytest.fail(f"{what} left processes running: {names}")
+
+
+def persistent_chromium(
+    pw: Any, profile: Path, width: int, height: int, **options: Any
+) -> BrowserContext:
+    """Debian's chromium with a profile directory of its own (``profile``), headless, at
+    ``width`` × ``height``: for the scripts and benchmarks that drive one page outside
+    the suite's fixtures (``scripts/screenshot.py``, ``benchmarks/_classroom.py``)."""
+    context: BrowserContext = pw.chromium.launch_persistent_context(
+        str(profile),
+        executable_path=CHROMIUM,
+        headless=True,
+        args=CHROMIUM_ARGS,
+        viewport={"width": width, "height": height},
+        **options,
+    )
+    return context
 
 
 @contextlib.contextmanager
