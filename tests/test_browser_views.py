@@ -88,7 +88,11 @@ lab_panel
 
 FLOOD = """\
 # Lines of ~110 bytes: the last flush's ~1 kB (the cap's share) and its marker fit in view.
-FLOOD = "for i in range(100000): print(f'flood {i:06d} ' + 'x' * 96)"
+# (Its first second lets the panel attach first: blocking delivers new output only.)
+FLOOD = (
+    "import time; time.sleep(1)\\n"  # sleep-ok: see above
+    "for i in range(100000): print(f'flood {i:06d} ' + 'x' * 96)"
+)
 flood = lab.commands.run([sys.executable, "-c", FLOOD], background=True)
 flood.disconnect()
 flood_panel = ProcessPanel(lab, flood.pid, rows=12, rate_cap=10 * 1024)
@@ -296,7 +300,10 @@ def test_lab_loss_is_a_marker_in_the_panel_in_the_status_lines_units(
         )
         assert boxes.count() == 0, boxes.all_inner_texts()
         # The flood's skip marker: cursor numbers no larger than the status line's cursor.
-        rows = wait_rows(page, 1, r"bytes skipped \(cursor \d+–\d+\)", 60)
+        wait_rows(page, 1, r"bytes skipped \(cursor \d+–\d+\)", 60)
+        # Compared once the flood ended: the status line then says the last cursor.
+        wait_status_text(page, 1, "exited", 60)
+        rows = wait_rows(page, 1, r"bytes skipped \(cursor \d+–\d+\)", 10)
         status = panel_status_n(page, 1)
         cursor = _number(r"cursor (\d+)", status)
         for row in rows:

@@ -865,6 +865,11 @@ def test_output_evicted_before_the_panel_read_it_shows_as_a_marker(
             return any(p.pid == pid and p.state == "exited" for p in sbx.commands.list())
 
         wait_until(exited, timeout=10, what="the writer's exit")
+        # The start is given back once the log has written it out (a loaded machine: a
+        # moment after the exit).
+        wait_until(
+            lambda: sbx.commands.get(pid).raw["evicted_bytes"] > 0, timeout=10, what="eviction"
+        )
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # a warning would land in the kernel's stderr
             panel = ProcessPanel(sbx, pid, cursor=0)
