@@ -3,8 +3,9 @@
 Sections (issue 11): P1 fan-out of one child's 64 KiB writes to 1 / 4 / 16 consumers
 (sandboxkit raw-socket and SDK consumers vs Redis pub/sub and a bare uvicorn app); P3 child
 line -> client callback latency (SDK vs bare uvicorn -> httpx); P4 reattach -> first replayed
-byte after 1 MB; P5 create + first command (vs ``tmux new-session -d``), pause + resume of 4
-processes, a unary request (vs a bare uvicorn JSON endpoint); P7 client CPU per GB (SDK vs
+byte after 1 MB; P5 create + first command (vs ``tmux new-session -d``), ``run(["true"])``
+in a running sandbox (vs an asyncio spawn + wait), pause + resume of 4 processes, a unary
+request (vs a bare uvicorn JSON endpoint); P7 client CPU per GB (SDK vs
 httpx ``aiter_raw``) and daemon CPU per GB at 16 consumers; stdin batches/s and MB/s.
 
 Each section starts once the machine is idle (or after a deadline, noted in the output);
@@ -654,6 +655,11 @@ class Bench:
                      [statistics.median(s) * 1e3 for s in sdk], "tmux new-session -d",
                      [statistics.median(t) * 1e3 for t in tmux] if tmux else None,
                      note="" if tmux else TMUX_MISSING))  # fmt: skip
+        runs = [asyncio.run(self._run_true(info, tries)) for _ in range(self.runs)]
+        self.add(Row("P5", "run([\"true\"]) in a running sandbox, p50", "ms",
+                     [statistics.median(r) * 1e3 for r, _ in runs],
+                     "asyncio spawn + wait of true",
+                     [statistics.median(s) * 1e3 for _, s in runs], note="goal ≤ 2×"))  # fmt: skip
         pr = [asyncio.run(self._pause_resume(info, tries)) for _ in range(self.runs)]
         self.add(Row("P5", "pause + resume, 4 processes, p50", "ms",
                      [statistics.median(s) * 1e3 for s in pr], note="— (goal ≤ 2 ms)"))  # fmt: skip
@@ -666,6 +672,21 @@ class Bench:
             await sbx.commands.run(["true"])
             out.append(time.perf_counter() - start)
             await sbx.kill()
+        return out
+
+    async def _run_true(self, info: Any, tries: int) -> tuple[list[float], list[float]]:
+        """``run(["true"])`` in a sandbox, and a spawn + wait of ``true`` here, in turns."""
+        out: tuple[list[float], list[float]] = ([], [])
+        async with await AsyncSandbox.create(url=info.url, token=info.token) as sbx:
+            await sbx.commands.run(["true"])
+            for _ in range(tries):
+                start = time.perf_counter()
+                await sbx.commands.run(["true"])
+                out[0].append(time.perf_counter() - start)
+                start = time.perf_counter()
+                child = await asyncio.create_subprocess_exec("true")
+                await child.wait()
+                out[1].append(time.perf_counter() - start)
         return out
 
     def _tmux(self, tries: int) -> list[list[float]]:

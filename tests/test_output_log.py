@@ -546,6 +546,35 @@ def test_default_retention_is_at_least_64_mib() -> None:
     assert DaemonConfig().retention_bytes >= 64 << 20
 
 
+def test_the_log_directory_comes_with_the_first_output(tmp_path: Path) -> None:
+    # Most commands print nothing: their log makes no directory (and removes none).
+    quiet = OutputLog(1 << 20, directory=tmp_path / "quiet", cache_bytes=64 * 1024)
+    quiet.finish(0)
+    assert not (tmp_path / "quiet").exists()
+    quiet.close()
+    chatty = OutputLog(1 << 20, directory=tmp_path / "chatty", cache_bytes=64 * 1024)
+    chatty.append("stdout", b"one\n")
+    chatty.append("stdout", b"two\n")
+    chatty.finish(0)
+    assert list((tmp_path / "chatty").glob("*.frames"))
+    _, chunks = chatty.read(0, 1 << 20)
+    assert b"".join(c.data for c in chunks) == b"one\ntwo\n"
+    chatty.close()
+    assert not (tmp_path / "chatty").exists()  # removed with the log
+
+
+def test_a_log_directory_that_cannot_be_made_is_memory_only(tmp_path: Path) -> None:
+    (tmp_path / "taken").write_text("a file where the log's directory would go")
+    log = OutputLog(1 << 20, directory=tmp_path / "taken", cache_bytes=64 * 1024)
+    for line in (b"a\n", b"b\n", b"c\n"):
+        log.append("stdout", line)
+    assert isinstance(log.disk_error, OSError)  # the first segment could not be made
+    _, chunks = log.read(0, 1 << 20)
+    assert b"".join(c.data for c in chunks) == b"a\nb\nc\n"  # nothing lost
+    log.close()
+    assert (tmp_path / "taken").is_file()  # and nothing of anyone else's removed
+
+
 def test_eviction_deletes_whole_old_segment_files(tmp_path: Path) -> None:
     retention = 1 << 20
     directory = tmp_path / "log"

@@ -124,13 +124,15 @@ class ApiClient:
         return await self.transport.alive(timeout)
 
     @contextlib.asynccontextmanager
-    async def stream(self, path: str, **params: Any) -> AsyncIterator[FrameStream]:
-        """Open a framed stream; yields a :class:`FrameStream`, an async iterator of
-        frames. The response is always closed on exit, so no half-open stream is left
-        behind (F4)."""
+    async def stream(
+        self, path: str, json: Any = None, **params: Any
+    ) -> AsyncIterator[FrameStream]:
+        """Open a framed stream (``GET``; ``POST`` with a ``json`` body); yields a
+        :class:`FrameStream`, an async iterator of frames. The response is always closed
+        on exit, so no half-open stream is left behind (F4)."""
         query = {k: v for k, v in params.items() if v is not None}
         self._check_open()
-        async with self.transport.stream(path, query) as frames:
+        async with self.transport.stream(path, query, json) as frames:
             self.streams.add(frames)
             try:
                 yield frames

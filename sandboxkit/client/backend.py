@@ -101,6 +101,10 @@ class CommandsBackend(Protocol):
         """The reader a handle runs: ``pid``'s output from ``cursor`` (``None``: the oldest
         kept), delivered as ``options`` say."""
 
+    async def start_reader(self, spec: dict[str, Any], options: FollowOptions) -> OutputReader:
+        """:meth:`start_process`, then the reader of its output from its first byte: what
+        ``run`` does, in as few round trips as the backend allows."""
+
     async def list(self) -> builtins.list[ProcessInfo]: ...
 
     async def get(self, pid: int) -> ProcessInfo: ...

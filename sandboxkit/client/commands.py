@@ -351,8 +351,8 @@ class AsyncCommands:
         check_keywords(RUN_KEYWORDS, "AsyncCommands.run", options)
         follow = follow_options(options, DEFAULT_KEEP_OUTPUT if background else True)
         self._owner.check()
-        info = await self._backend.start_process(process_spec(cmd, options))
-        handle = self._follow(info.pid, 0, follow, on_end)
+        reader = await self._backend.start_reader(process_spec(cmd, options), follow)
+        handle = AsyncCommandHandle(self, reader, on_end)
         if background:
             return handle
         try:

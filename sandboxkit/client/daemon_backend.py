@@ -12,6 +12,7 @@ from sandboxkit.client.files import EntryInfo, WriteInfo
 from sandboxkit.client.local import Connection
 from sandboxkit.client.options import FollowOptions
 from sandboxkit.client.results import ProcessInfo, SandboxInfo
+from sandboxkit.client.start_stream import start_stream
 from sandboxkit.client.stdin import HttpStdinTransport, StdinSession
 from sandboxkit.client.stream import ProcessStream
 from sandboxkit.client.tasks import TaskOwner
@@ -48,6 +49,11 @@ class DaemonCommands:
 
     def open_reader(self, pid: int, cursor: int | None, options: FollowOptions) -> ProcessStream:
         return ProcessStream(self.api, self.sandbox_id, pid, cursor, options)
+
+    async def start_reader(self, spec: dict[str, Any], options: FollowOptions) -> ProcessStream:
+        """One request: the start answers with the output stream."""
+        self.owner.check()
+        return await start_stream(self.api, self.sandbox_id, spec, options)
 
     async def list(self) -> builtins.list[ProcessInfo]:
         return [ProcessInfo.from_json(p) for p in await self._call("GET", self._path())]

@@ -44,6 +44,8 @@ from sandboxkit.wire import Frame, FrameKind
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
+    from sandboxkit.client.start_stream import Opened
+
 __all__ = [
     "BytesCallback",
     "Gap",
@@ -215,6 +217,7 @@ class ProcessStream:
         name: str | None = None,
         watchdog_multiple: float = 2.0,
         reattach_timeout: float = 60.0,
+        opened: Opened | None = None,
         **follow: Unpack[ConnectOptions],
     ) -> None:
         # What to deliver and how: ``options`` whole (as commands.connect resolved it), or
@@ -238,6 +241,7 @@ class ProcessStream:
         self.role = options.role
         self.watchdog_multiple = watchdog_multiple
         self.reattach_timeout = reattach_timeout
+        self._opened = opened
         keep_output = self.keep_output = options.keep_output
         self.lines = options.lines
         self._partial = {"stdout": "", "stderr": ""}
@@ -380,9 +384,15 @@ class ProcessStream:
         return self.exit_code
 
     async def _attach_once(self) -> None:
+        opened, self._opened = self._opened, None
+        if opened is not None:  # the start request's own (see client/start_stream.py)
+            async with opened.stack:
+                self.stats.attaches += 1
+                await self._read(opened.batches)
+            return
         path = f"/sandboxes/{self.sandbox_id}/processes/{self.pid}/stream"
         async with contextlib.AsyncExitStack() as stack:
-            opened = stack.enter_async_context(
+            opening = stack.enter_async_context(
                 self.api.stream(path, cursor=self._seq, name=self.name, role=self.role)
             )
             try:
@@ -390,26 +400,28 @@ class ProcessStream:
                 # as the awaited frame completes, so disconnect() could hang forever.
                 # Bounded like any silence once the keepalive interval is known: a frozen
                 # daemon's kernel still accepts the connection, and nobody answers.
-                frames: FrameStream = await within(opened, self.watchdog_bound)
+                frames: FrameStream = await within(opening, self.watchdog_bound)
             except TimeoutError:
                 raise _Silent() from None
             self.stats.attaches += 1
             # Borrowed: a payload is a view into the receive buffer until the next batch;
             # _deliver copies it only for what keeps it (a bytes callback, keep_output).
-            batches = frames.batches(borrow=True).__aiter__()
-            if sys.version_info >= (3, 11):
-                await self._read_watched(batches)
-                return
-            while True:  # pragma: no cover - Python 3.10: one timeout per read
-                try:
-                    batch = await within(batches.__anext__(), self.watchdog_bound)
-                except StopAsyncIteration:
-                    raise DaemonUnavailable("stream closed before its end frame") from None
-                except TimeoutError:
-                    raise _Silent() from None
-                for frame in batch:
-                    if await self._handle(frame):
-                        return
+            await self._read(frames.batches(borrow=True).__aiter__())
+
+    async def _read(self, batches: AsyncIterator[list[Frame]]) -> None:
+        if sys.version_info >= (3, 11):
+            await self._read_watched(batches)
+            return
+        while True:  # pragma: no cover - Python 3.10: one timeout per read
+            try:
+                batch = await within(batches.__anext__(), self.watchdog_bound)
+            except StopAsyncIteration:
+                raise DaemonUnavailable("stream closed before its end frame") from None
+            except TimeoutError:
+                raise _Silent() from None
+            for frame in batch:
+                if await self._handle(frame):
+                    return
 
     if sys.version_info >= (3, 11):
 

@@ -27,8 +27,9 @@ from sandboxkit.daemon.freezer import Freezer
 from sandboxkit.daemon.isolation import NamespacePlan
 from sandboxkit.daemon.limits import LimitEnforcer
 from sandboxkit.daemon.output_log import OutputLog
-from sandboxkit.daemon.process_io import Capture, PtyInput, PtyReader, widen_pipes
+from sandboxkit.daemon.process_io import PtyInput, PtyReader
 from sandboxkit.daemon.run_as import resolve_user
+from sandboxkit.daemon.spawn import Child, spawn
 from sandboxkit.daemon.stdin import StdinLedger
 from sandboxkit.errors import InvalidArgument, StdinBusy
 
@@ -158,7 +159,7 @@ class ManagedProcess:
         self.consumers: dict[str, Consumer] = {}
         self._sandbox_state = sandbox_state
         self._state_seq = state_seq
-        self._transport: asyncio.SubprocessTransport | None = None
+        self._child: Child | None = None
         self._pty_master: int | None = None
         self._stdin = StdinLedger(
             -1,
@@ -216,22 +217,12 @@ class ManagedProcess:
         check_exec_size(argv, env, argv_field="argv" if self.spec.argv is not None else "cmd")
         budget = FdBudget.current(self.config.fd_reserve)
         budget.check_spawn()  # out of descriptors: a typed 503, not a "bad command"
-        capture = Capture(self)
         pty_reader: PtyReader | None = None
         try:
             if self.spec.pty:
                 master, slave = pty.openpty()
                 try:
-                    transport, _ = await loop.subprocess_exec(
-                        lambda: capture,
-                        *argv,
-                        stdin=slave,
-                        stdout=slave,
-                        stderr=slave,
-                        cwd=cwd,
-                        env=env,
-                        start_new_session=True,
-                    )
+                    child = await spawn(argv, cwd=cwd, env=env, owner=self, terminal=slave)
                 except BaseException:
                     os.close(master)
                     raise
@@ -246,13 +237,8 @@ class ManagedProcess:
                 # Input buffered without blocking the loop, bounded like a pipe's.
                 self._stdin_pipe = PtyInput(self, master)
             else:
-                transport, _ = await loop.subprocess_exec(
-                    lambda: capture,
-                    *argv,
-                    cwd=cwd,
-                    env=env,
-                    start_new_session=True,
-                )
+                child = await spawn(argv, cwd=cwd, env=env, owner=self)
+                self._stdin_pipe = child.stdin
         except OSError as exc:
             if exc.errno in (errno.EMFILE, errno.ENFILE):
                 raise exhausted(budget.limit) from None
@@ -260,15 +246,11 @@ class ManagedProcess:
             # fault, refused with nothing started.
             field = "cwd" if isinstance(exc, NotADirectoryError) else "cmd"
             raise InvalidArgument(f"cannot execute: {exc}", field=field) from None
-        self._transport = transport
-        widen_pipes(transport)
-        if self._stdin_pipe is None:
-            self._stdin_pipe = transport.get_pipe_transport(0)  # type: ignore[assignment]
+        self._child = child
         if self._stdin_pipe is not None and not self._stdin_pipe.is_closing():
-            # (uvloop may have closed the pipe of a child that exited at once.)
             # Paused while anything is buffered, resumed once it all went to the child.
             self._stdin_pipe.set_write_buffer_limits(high=0, low=0)
-        self.pid = transport.get_pid()
+        self.pid = child.pid
         self._stdin.pid = self.pid
         # Off the event loop: the first pid written into a new cgroup takes 9-13 ms (the
         # kernel's cgroup migration), during which every stream of the daemon would wait.
@@ -279,7 +261,7 @@ class ManagedProcess:
         self.started_at = time.time()
         if self.log.disk_error is not None:  # its directory could not even be made
             self._log_degraded("disk_error", self.log.disk_error)
-        self._own(self._watch_exit(capture, pty_reader))
+        self._own(self._watch_exit(child, pty_reader))
         if self.spec.timeout is not None:
             self._own(self._deadline(self.spec.timeout))
 
@@ -302,16 +284,15 @@ class ManagedProcess:
         for start in range(0, len(data), step):
             self.log.append(stream, data[start : start + step])
 
-    async def _watch_exit(self, capture: Capture, pty_reader: PtyReader | None) -> None:
-        await capture.exited
+    async def _watch_exit(self, child: Child, pty_reader: PtyReader | None) -> None:
+        await child.exited
         # A grandchild may keep the pipes open after the leader exits: drain, with a bound.
-        closers: list[asyncio.Future[None]] = [capture.pipes_closed]
+        closers: list[asyncio.Future[None]] = [child.pipes_closed]
         if pty_reader is not None:
             closers.append(pty_reader.closed)
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(asyncio.gather(*closers), self.config.exit_drain)
-        assert self._transport is not None
-        code = self._transport.get_returncode()
+        code = child.returncode
         if self.isolated and code is not None and 128 < code <= 128 + 64:
             # bwrap reports a command that a signal ended as 128 + the signal, as a shell
             # does; the daemon's convention (and without isolation) is minus the signal.
@@ -338,8 +319,8 @@ class ManagedProcess:
         if self._stdin_pipe is not None and self._pty_master is not None:
             self._stdin_pipe.abort()
         self.stdin_drained.set()
-        if self._transport is not None:
-            self._transport.close()
+        if self._child is not None:
+            self._child.close()
         if self._pty_master is not None:
             with contextlib.suppress(OSError):
                 os.close(self._pty_master)

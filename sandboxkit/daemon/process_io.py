@@ -1,6 +1,6 @@
 """A process's pipes and pty, as the event loop sees them: its output appended to its log
 as it arrives (the producer never waits for a reader), its stdin written without blocking
-the loop and bounded like a pipe's, and 1 MiB pipe buffers.
+the loop and bounded like a pipe's (the spawn itself is :mod:`sandboxkit.daemon.spawn`).
 
 The owner is the process (:class:`~sandboxkit.daemon.process.ManagedProcess`), seen here
 only as an :class:`Owner`: where output goes and whether its stdin has drained.
@@ -9,12 +9,11 @@ only as an :class:`Owner`: where output goes and whether its stdin has drained.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import fcntl
 import os
+from collections.abc import Callable
 from typing import Protocol
 
-__all__ = ["Capture", "Owner", "PtyInput", "PtyReader", "widen_pipes"]
+__all__ = ["Output", "Owner", "PtyInput", "PtyReader", "StdinFlow"]
 
 
 class Owner(Protocol):
@@ -27,31 +26,34 @@ class Owner(Protocol):
         """Record output from one of the process's streams."""
 
 
-class Capture(asyncio.SubprocessProtocol):
-    """Appends pipe output to the log as it arrives: the producer never waits."""
+class Output(asyncio.Protocol):
+    """One output pipe (``stdout`` or ``stderr``): appends to the log as it arrives, so
+    the producer never waits; ``on_closed`` once the pipe reached its end."""
+
+    def __init__(self, process: Owner, stream: str, on_closed: Callable[[], None]) -> None:
+        self._process = process
+        self._stream = stream
+        self._on_closed = on_closed
+
+    def data_received(self, data: bytes) -> None:
+        self._process.capture(self._stream, data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._on_closed()
+
+
+class StdinFlow(asyncio.Protocol):
+    """The stdin pipe's flow control: ``stdin_drained`` is clear while anything waits in
+    the transport's buffer (its limits are set to 0 by the process)."""
 
     def __init__(self, process: Owner) -> None:
         self._process = process
-        self.exited = asyncio.get_running_loop().create_future()
-        self.pipes_closed = asyncio.get_running_loop().create_future()
 
-    def pipe_data_received(self, fd: int, data: bytes) -> None:
-        self._process.capture("stdout" if fd == 1 else "stderr", data)
-
-    # The stdin pipe's flow control (asyncio routes it to the subprocess protocol).
     def pause_writing(self) -> None:
         self._process.stdin_drained.clear()
 
     def resume_writing(self) -> None:
         self._process.stdin_drained.set()
-
-    def process_exited(self) -> None:
-        if not self.exited.done():
-            self.exited.set_result(None)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.pipes_closed.done():
-            self.pipes_closed.set_result(None)
 
 
 class PtyInput(asyncio.WriteTransport):
@@ -136,21 +138,3 @@ class PtyReader(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.closed.done():
             self.closed.set_result(None)
-
-
-_PIPE_SIZE = 1024 * 1024
-
-
-def widen_pipes(transport: asyncio.SubprocessTransport) -> None:
-    """Ask for 1 MiB pipe buffers: a chatty process then blocks, and the daemon wakes,
-    a sixteenth as often as with the default 64 KiB (best effort: capped by the system)."""
-    set_size = getattr(fcntl, "F_SETPIPE_SZ", None)
-    if set_size is None:
-        return
-    for fd in (1, 2):
-        pipe = transport.get_pipe_transport(fd)
-        handle = pipe.get_extra_info("pipe") if pipe is not None else None
-        if handle is not None:
-            # The pipe may already be closed by a process that exited at once.
-            with contextlib.suppress(OSError, ValueError):
-                fcntl.fcntl(handle.fileno(), set_size, _PIPE_SIZE)

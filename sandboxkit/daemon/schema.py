@@ -142,6 +142,13 @@ class StreamQuery(Struct):
     role: Role | None = None
 
 
+class StartStreamQuery(Struct):
+    """Query of ``POST .../processes/stream`` (the stream starts at the first chunk)."""
+
+    name: Label | None = None
+    role: Role | None = None
+
+
 class EventsQuery(Struct):
     """Query of ``GET /events``."""
 

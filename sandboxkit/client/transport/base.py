@@ -101,10 +101,11 @@ class Transport(Protocol):
         ...
 
     def stream(
-        self, path: str, query: Mapping[str, Any]
+        self, path: str, query: Mapping[str, Any], json: Any = None
     ) -> AbstractAsyncContextManager[FrameStream]:
-        """``GET path`` as a framed stream, open once the daemon answered 200 (else its
-        typed error); the connection is closed on exit, whatever happens (F4)."""
+        """``GET path`` (``POST`` with a ``json`` body) as a framed stream, open once the
+        daemon answered 200 (else its typed error); the connection is closed on exit,
+        whatever happens (F4)."""
         ...
 
     async def aclose(self) -> None:

@@ -50,7 +50,8 @@ class RawTransport:
         self.url = url
         self._headers = dict(headers)
         self.pool = RawPool(url, headers)
-        """The kept-alive connections of JSON calls (streams each have their own)."""
+        """The kept-alive connections of JSON calls, lent to streams (each stream holds
+        one for as long as it runs, and gives it back if its response ended whole)."""
 
     @property
     def closed(self) -> bool:
@@ -78,8 +79,13 @@ class RawTransport:
         return await self.pool.alive(timeout)
 
     @contextlib.asynccontextmanager
-    async def stream(self, path: str, query: Mapping[str, Any]) -> AsyncIterator[FrameStream]:
-        async with open_raw_stream(self.url, path, dict(query), self._headers) as raw:
+    async def stream(
+        self, path: str, query: Mapping[str, Any], json: Any = None
+    ) -> AsyncIterator[FrameStream]:
+        body = None if json is None else _encode_json(json)
+        async with open_raw_stream(
+            self.url, path, dict(query), self._headers, body, lender=self.pool
+        ) as raw:
             yield RawFrameStream(raw)
 
     async def aclose(self) -> None:

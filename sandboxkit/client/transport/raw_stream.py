@@ -21,7 +21,7 @@ import json
 import re
 import socket
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlencode, urlsplit
 
 import h11
@@ -29,9 +29,9 @@ import h11
 from sandboxkit._compat import within
 from sandboxkit.client.transport.frame_buffer import FrameBuffer
 from sandboxkit.errors import DaemonUnavailable, MalformedFrame, SandboxkitError, error_from_wire
-from sandboxkit.wire import Frame
+from sandboxkit.wire import Frame, FrameKind
 
-__all__ = ["ChunkedBody", "RawStream", "open_raw_stream"]
+__all__ = ["ChunkedBody", "Lender", "RawStream", "open_raw_stream"]
 
 _READ = 256 * 1024
 """Bytes taken from the socket per read at most while the stream waits for them (the
@@ -49,6 +49,9 @@ _RECEIVE_BUFFER = 256 * 1024
 to tens of MB, and a reader that stopped reading would not show as behind at the daemon
 until all of that filled."""
 _OPEN_TIMEOUT = 10.0
+_FINISH = 1.0
+"""Seconds a stream closed after its last frame waits for the end of its body (the
+chunked terminator, sent just after), to give its connection back for reuse."""
 _ERROR_BODY = 1024 * 1024
 _LINE = 4096
 """The longest chunk-size or trailer line accepted (the daemon's are a few bytes)."""
@@ -59,6 +62,21 @@ _SIZE_LINE = re.compile(rb"([0-9a-fA-F]{1,16})(?:[ \t]*;[^\r\n]*)?\r\n")
 
 class BadChunk(Exception):
     """The body's chunked framing is broken."""
+
+
+class Lender(Protocol):
+    """Kept-alive connections a stream can take over and give back: a stream then costs
+    no connection set-up (and its end no teardown) when one is idle — about a millisecond
+    of a ``run(["true"])`` on loopback (the unary pool, :mod:`.raw_unary`)."""
+
+    async def lend(self, connect_timeout: float) -> Any:
+        """A connection (``.transport``, ``.connection_lost``): idle, else new."""
+
+    def take_back(self, conn: Any) -> None:
+        """``conn``, its response read whole, is idle again."""
+
+    def discard(self, conn: Any) -> None:
+        """``conn`` is closed: forget it."""
 
 
 class ChunkedBody:
@@ -155,9 +173,16 @@ class _Reader(asyncio.BufferedProtocol):
     cost of a stream read at full rate — and StreamReader copies every byte into its
     buffer and out again on top."""
 
-    def __init__(self) -> None:
+    def __init__(self, lender: Lender | None = None, lent: Any = None) -> None:
         self.conn = h11.Connection(h11.CLIENT)
         self.transport: asyncio.Transport | None = None
+        self._lender = lender
+        self._lent = lent
+        """The lender's connection this stream took over (``None``: a connection of its
+        own): given back if the response ends whole, else closed and discarded."""
+        self.keep_alive = False
+        self._last: FrameKind | None = None  # the kind of the last frame cut
+        self._finishing: asyncio.TimerHandle | None = None
         self._buffer = FrameBuffer()
         self._unread = 0
         self._paused = False
@@ -209,6 +234,12 @@ class _Reader(asyncio.BufferedProtocol):
             error.__cause__ = exc
             self._fail(error)
         self._end()
+        self._stop_finishing()
+        if self._lent is not None:
+            self._lent.connection_lost(exc)  # the lender's own bookkeeping (its ``lost``)
+            assert self._lender is not None
+            self._lender.discard(self._lent)
+            self._lent = None
 
     def _end(self) -> None:
         self._closed = True
@@ -225,16 +256,67 @@ class _Reader(asyncio.BufferedProtocol):
         start, end = buffer.received(nbytes)
         try:
             self._body.feed_at(buffer.raw, start, end, buffer.piece)
+            cut = len(self._frames)
             buffer.cut(self._frames)
+            if len(self._frames) > cut:
+                self._last = self._frames[-1].kind
         except BadChunk as exc:
             self._fail(DaemonUnavailable(f"stream broke: {exc}"[:300]))
         except MalformedFrame as exc:
             self._fail(exc)
+        if self._finishing is not None:
+            self.release()
 
     def _fail(self, error: BaseException) -> None:
         if self._error is None:
             self._error = error
         self._wake()
+
+    # -- the connection's end ----------------------------------------------------------
+
+    def release(self) -> None:
+        """The stream is done with the connection: a lent one whose response was read
+        whole goes back to its lender; one whose last frame came (its ``end``, or an
+        ``error``) waits up to :data:`_FINISH` for the body's terminator first; any
+        other is closed."""
+        transport = self.transport
+        if transport is None:
+            return
+        body = self._body
+        clean = (
+            self._lent is not None
+            and self.keep_alive
+            and body is not None
+            and self._error is None
+            and not self._closed
+            and not self._frames
+            and not self._buffer.pending
+        )
+        if clean and body is not None and body.done:
+            self._stop_finishing()
+            lender, lent = self._lender, self._lent
+            assert lender is not None
+            self._lent = None
+            lender.take_back(lent)
+        elif clean and self._last in (FrameKind.END, FrameKind.ERROR):
+            if self._finishing is None:
+                loop = asyncio.get_running_loop()
+                self._finishing = loop.call_later(_FINISH, self._give_up)
+                if self._paused:
+                    self._paused = False
+                    transport.resume_reading()
+        else:
+            self._give_up()
+
+    def _give_up(self) -> None:
+        self._stop_finishing()
+        if self.transport is not None:
+            self.transport.close()
+
+    def _stop_finishing(self) -> None:
+        if self._finishing is not None:
+            self._finishing.cancel()
+            self._finishing = None
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -357,9 +439,9 @@ class RawStream:
         return b"".join(parts)
 
     def close(self) -> None:
-        """Drop the connection (a stream's connection is never reused)."""
-        if self._reader.transport is not None:
-            self._reader.transport.close()
+        """Done with the connection: given back for reuse if the response ended whole
+        (see :meth:`_Reader.release`), else closed."""
+        self._reader.release()
 
     def abort(self) -> None:
         """Drop the connection at once, unsent bytes and all (as a network failure)."""
@@ -369,24 +451,37 @@ class RawStream:
 
 @contextlib.asynccontextmanager
 async def open_raw_stream(
-    url: str, path: str, query: dict[str, Any], headers: dict[str, str]
+    url: str,
+    path: str,
+    query: dict[str, Any],
+    headers: dict[str, str],
+    body: bytes | None = None,
+    lender: Lender | None = None,
 ) -> AsyncIterator[RawStream]:
-    """GET ``path`` on the plain-HTTP daemon at ``url``; yields the open stream once its
-    status is 200 (a chunked body is read as frames: :meth:`RawStream.batches`), raises
-    the daemon's typed error otherwise, and always closes the connection on exit."""
+    """GET ``path`` (POST the JSON ``body``, if given) on the plain-HTTP daemon at
+    ``url``, on a connection of the ``lender``'s if given; yields the open stream once
+    its status is 200 (a chunked body is read as frames: :meth:`RawStream.batches`),
+    raises the daemon's typed error otherwise. On exit the connection is given back if
+    the response was read whole, else closed."""
     parts = urlsplit(url)
     host = (parts.hostname or "127.0.0.1").strip("[]")
     port = parts.port or 80
     target = parts.path.rstrip("/") + path
     if query:
         target += "?" + urlencode(query)
-    try:
-        # within(), not asyncio.wait_for: before 3.12 wait_for swallows a cancellation
-        # that arrives as the connection opens, and a disconnect() would wait forever.
-        loop = asyncio.get_running_loop()
-        _, reader = await within(loop.create_connection(_Reader, host, port), _OPEN_TIMEOUT)
-    except (OSError, TimeoutError) as exc:
-        raise DaemonUnavailable(f"cannot reach the daemon: {exc!r}", url=url) from exc
+    if lender is not None:
+        lent = await lender.lend(_OPEN_TIMEOUT)
+        reader = _Reader(lender, lent)
+        lent.transport.set_protocol(reader)
+        reader.connection_made(lent.transport)
+    else:
+        try:
+            # within(), not asyncio.wait_for: before 3.12 wait_for swallows a cancellation
+            # that arrives as the connection opens, and a disconnect() would wait forever.
+            loop = asyncio.get_running_loop()
+            _, reader = await within(loop.create_connection(_Reader, host, port), _OPEN_TIMEOUT)
+        except (OSError, TimeoutError) as exc:
+            raise DaemonUnavailable(f"cannot reach the daemon: {exc!r}", url=url) from exc
     sock = reader.transport.get_extra_info("socket") if reader.transport else None
     if sock is not None:
         with contextlib.suppress(OSError):
@@ -394,32 +489,44 @@ async def open_raw_stream(
     conn = reader.conn
     stream = RawStream(reader)
     try:
+        fields = [("Host", parts.netloc), *headers.items()]
+        if body is not None:
+            fields += [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
         request = h11.Request(
-            method="GET",
-            target=target,
-            headers=[("Host", parts.netloc), *headers.items()],
+            method="GET" if body is None else "POST", target=target, headers=fields
         )
         assert reader.transport is not None
-        reader.transport.write(conn.send(request) + conn.send(h11.EndOfMessage()))
+        sent = conn.send(request)
+        if body is not None:
+            sent += conn.send(h11.Data(data=body))
+        reader.transport.write(sent + conn.send(h11.EndOfMessage()))
         try:
             response = await within(_head(reader), _OPEN_TIMEOUT)
         except (h11.ProtocolError, TimeoutError) as exc:
             raise DaemonUnavailable(f"stream broke: {exc!r}"[:300], url=url) from exc
         if response.status_code != 200:
-            body = await stream.body()
+            error_body = await stream.body()
             try:
-                parsed = json.loads(body)
+                parsed = json.loads(error_body)
             except ValueError:
                 parsed = None
             error: SandboxkitError = error_from_wire(parsed, response.status_code)
             raise error
         if _chunked(response):
+            reader.keep_alive = conn.their_http_version == b"1.1" and not _closes(response)
             reader.start_frames()
         yield stream
     except h11.ProtocolError as exc:
         raise DaemonUnavailable(f"stream broke: {exc!r}"[:300], url=url) from exc
     finally:
         stream.close()
+
+
+def _closes(response: h11.Response) -> bool:
+    """Whether the daemon said it closes the connection after this response."""
+    return any(
+        name == b"connection" and b"close" in value.lower() for name, value in response.headers
+    )
 
 
 def _chunked(response: h11.Response) -> bool:

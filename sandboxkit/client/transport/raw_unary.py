@@ -448,6 +448,23 @@ class RawPool:
             raise DaemonUnavailable("this client's connection pool was closed", url=self.url)
         return conn, False
 
+    async def lend(self, connect_timeout: float) -> _Connection:
+        """A connection for a stream to take over (its own protocol on the transport,
+        see :class:`~.raw_stream.Lender`): an idle one, else a new one."""
+        conn, _ = await self._get(connect_timeout)
+        return conn
+
+    def take_back(self, conn: _Connection) -> None:
+        """A lent connection whose response was read whole: idle again."""
+        assert conn.transport is not None
+        conn.transport.set_protocol(conn)
+        conn.reusable = True
+        self._put(conn)
+
+    def discard(self, conn: _Connection) -> None:
+        """A lent connection that was closed."""
+        self._discard(conn)
+
     def _put(self, conn: _Connection) -> None:
         if conn.reusable and not self.closed and len(self._idle) < MAX_IDLE:
             self._idle.append(conn)

@@ -100,9 +100,17 @@ class HttpxTransport:
         return True
 
     @contextlib.asynccontextmanager
-    async def stream(self, path: str, query: Mapping[str, Any]) -> AsyncIterator[FrameStream]:
+    async def stream(
+        self, path: str, query: Mapping[str, Any], json: Any = None
+    ) -> AsyncIterator[FrameStream]:
         client = self.client
-        request = client.build_request("GET", path, params=dict(query), timeout=_STREAM_TIMEOUT)
+        request = client.build_request(
+            "GET" if json is None else "POST",
+            path,
+            params=dict(query),
+            json=json,
+            timeout=_STREAM_TIMEOUT,
+        )
         try:
             response = await client.send(request, stream=True)
         except httpx.TransportError as exc:

@@ -26,7 +26,7 @@ from sandboxkit.daemon.http.endpoint import Endpoint
 from sandboxkit.daemon.http.openapi import openapi
 from sandboxkit.daemon.http.responses import JsonResponse
 from sandboxkit.daemon.http.stream import FrameStreamResponse
-from sandboxkit.daemon.process import ProcessSpec, check_exec_size
+from sandboxkit.daemon.process import ManagedProcess, ProcessSpec, check_exec_size
 from sandboxkit.daemon.sandbox import ManagedSandbox
 from sandboxkit.daemon.schema import (
     ConsumerRow,
@@ -39,6 +39,7 @@ from sandboxkit.daemon.schema import (
     SandboxInfo,
     SetTimeout,
     StartProcess,
+    StartStreamQuery,
     StdinAck,
     StdinBatch,
     StreamQuery,
@@ -144,6 +145,18 @@ class Api:
         return sandbox
 
     async def start_process(self, request: Request) -> Response:
+        process = await self._start(request)
+        return JsonResponse(process.to_json(), status_code=201)
+
+    async def start_stream(self, request: Request) -> Response:
+        """Start a process and answer with its output stream from the first chunk: one
+        request where a start and a ``GET …/stream`` are two (envd's ``Start`` streams
+        alike). Its pid is in the ``start`` frame."""
+        query = parsing.query(request, StartStreamQuery)
+        process = await self._start(request)
+        return self._stream_of(request, process, 0, query.name, query.role)
+
+    async def _start(self, request: Request) -> ManagedProcess:
         body = await self._decode(request, StartProcess)
         # Validated before the sandbox is looked up: access() may auto-resume it.
         spec = ProcessSpec(
@@ -156,8 +169,7 @@ class Api:
             tag=body.tag,
         )
         sandbox = await self.host.access(request.path_params["sid"], needs_running=True)
-        process = await sandbox.start_process(spec)
-        return JsonResponse(process.to_json(), status_code=201)
+        return await sandbox.start_process(spec)
 
     async def list_processes(self, request: Request) -> Response:
         sandbox = self.host.get(request.path_params["sid"])
@@ -206,12 +218,22 @@ class Api:
         pid = parsing.pid(request)
         sandbox = await self.host.access(request.path_params["sid"])
         process = sandbox.retained_process(pid)
+        return self._stream_of(request, process, query.cursor, query.name, query.role)
+
+    def _stream_of(
+        self,
+        request: Request,
+        process: ManagedProcess,
+        cursor: int | None,
+        name: str | None,
+        role: str | None,
+    ) -> Response:
         client = request.client
         consumer = self.host.open_consumer(
             process,
-            query.cursor,
-            name=query.name,
-            role=query.role,
+            cursor,
+            name=name,
+            role=role,
             peer=f"{client.host}:{client.port}" if client else None,
         )
         return FrameStreamResponse(self.host, consumer)
@@ -296,6 +318,21 @@ class Api:
                 response=ProcessInfo,
                 status=201,
                 errors=paused,
+            ),
+            ep(
+                "POST",
+                sbx + "/processes/stream",
+                "Start a process and stream its output",
+                self.start_stream,
+                body=StartProcess,
+                query=StartStreamQuery,
+                errors=paused,
+                description=(
+                    "A start and an attach from the first chunk in one request: the "
+                    "framed stream of `GET …/processes/{pid}/stream`, whose `start` frame "
+                    "names the new process's `pid`. A stream cut off later is resumed "
+                    "with that `GET` from the cursor reached."
+                ),
             ),
             ep(
                 "GET",

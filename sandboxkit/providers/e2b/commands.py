@@ -71,6 +71,11 @@ class E2BCommands:
         await self.session.ensure_tap(pid)
         return None
 
+    async def start_reader(self, spec: dict[str, Any], options: FollowOptions) -> Reader:
+        """Started, then read from its first byte (the tap holds all of it)."""
+        info = await self.start_process(spec)
+        return self.open_reader(info.pid, 0, options)
+
     def open_reader(self, pid: int, cursor: int | None, options: FollowOptions) -> Reader:
         """A :class:`Reader` of the process's client-side log from ``cursor`` (bytes of
         output this client received; ``None``: the oldest it keeps)."""
