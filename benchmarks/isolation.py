@@ -13,15 +13,24 @@ Printed as ratios namespaces / none with the absolute figures; the targets
 measurably different (ratio ≈ 1).
 
     python3 benchmarks/isolation.py [--rounds 5] [--tries 20] [--mb 64] [--json]
+                                    [--unprivileged]
+
+``--unprivileged`` (as root): the daemon runs as ``nobody``, as most people run it (the
+escape suite's own way, ``tests/unprivileged.py``); a root daemon's launches also drop to
+``nobody`` first, one exec more.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import statistics
+import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from _daemon import local_daemon
@@ -102,12 +111,30 @@ async def fanout(info: Any, mode: str, mb: int) -> float:
         return elapsed
 
 
+@contextlib.contextmanager
+def _daemon(unprivileged: bool, *serve_args: str) -> Iterator[Any]:
+    """The daemon measured: this user's, or (``unprivileged``, as root) ``nobody``'s."""
+    if not unprivileged:
+        with local_daemon(*serve_args) as (_, info):
+            yield info
+        return
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from unprivileged import can_run_unprivileged, served_unprivileged
+
+    why = can_run_unprivileged()
+    if why:
+        raise SystemExit(f"--unprivileged: {why}")
+    with served_unprivileged(*serve_args) as served:
+        yield served
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tries", type=int, default=20)
     parser.add_argument("--mb", type=int, default=64)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--unprivileged", action="store_true", help="the daemon as nobody")
     args = parser.parse_args()
     if not probe().available:
         raise SystemExit(f"no namespaces here: {probe().reason}")
@@ -117,7 +144,7 @@ def main() -> None:
     }
     spawns: list[float] = []
     retention = str((args.mb + 8) << 20)
-    with local_daemon("--retention-bytes", retention) as (_, info):
+    with _daemon(args.unprivileged, "--retention-bytes", retention) as info:
         for r in range(args.rounds + 1):  # round 0 warms up
             order = MODES if r % 2 else MODES[::-1]
             for mode in order:

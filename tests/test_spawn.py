@@ -73,7 +73,8 @@ def test_a_grandchild_holds_the_pipes_after_the_exit(run_loop: Any) -> None:
     async def scenario() -> tuple[bool, bytes]:
         owner = Owner()
         child = await spawn(
-            ["sh", "-c", "(read line; echo late) <&0 & exit 0"],
+            # (fd 3: a background job's own stdin is /dev/null in a non-interactive sh)
+            ["sh", "-c", "exec 3<&0; (read line <&3; echo late) & exit 0"],
             cwd="/",
             env={"PATH": os.environ["PATH"]},
             owner=owner,

@@ -179,6 +179,72 @@ async def test_a_body_that_never_ends_closes_its_connection() -> None:
             await pool.aclose()
 
 
+async def test_a_connection_given_back_after_a_large_read_reads_again() -> None:
+    """The end of a body that comes after the stream closed gives the connection back
+    from inside the read; the reader must not then pause it for being behind (it had
+    just taken a large read), or the next request on it waits for ever (seen: a
+    ``kill`` after a 64 MiB fan-out)."""
+    large = encode_frame(FrameKind.DATA, {"seq": 0}, b"x" * (512 * 1024))
+    closed = asyncio.Event()
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+            head = await reader.readuntil(b"\r\n\r\n")
+            end = encode_frame(FrameKind.END, {"exit_code": 0})
+            body = _chunk(large) + _chunk(end)
+            writer.write(_HEAD + body[:1000])
+            await writer.drain()
+            await asyncio.sleep(0.05)  # sleep-ok: the client reads, then waits for more
+            writer.write(body[1000:])  # the rest at once: its last read is a large one
+            await writer.drain()
+            await closed.wait()  # the stream is closed, waiting for the body's end
+            writer.write(b"0\r\n\r\n")
+            head = await reader.readuntil(b"\r\n\r\n")
+            assert head.startswith(b"GET /json")
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
+            await writer.drain()
+            await reader.read()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    pool = RawPool(url, {})
+    try:
+        async with open_raw_stream(url, "/s", {}, {}, lender=pool) as stream:
+            async for batch in stream.batches():
+                if batch[-1].kind is FrameKind.END:
+                    break
+        closed.set()
+        await poll(lambda: len(pool._idle) == 1, timeout=WAIT)  # given back
+        response = await asyncio.wait_for(pool.request("GET", "/json"), WAIT)
+        assert (response.status, response.body) == (200, b"{}")
+    finally:
+        await pool.aclose()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_connection_whose_reader_had_paused_is_given_back_reading() -> None:
+    """A reader that fell behind stopped reading its socket (so the daemon sees it
+    behind); if the body ended meanwhile, its connection goes back reading."""
+    async with _server(terminator=True) as (url, carried, _):
+        pool = RawPool(url, {})
+        try:
+            async with open_raw_stream(url, "/s", {}, {}, lender=pool) as stream:
+                async for batch in stream.batches():
+                    if batch[-1].kind is FrameKind.END:
+                        reader = stream._reader  # as when its last read found it behind
+                        assert reader.transport is not None
+                        reader.transport.pause_reading()
+                        reader._paused = True
+                        break
+            kinds = await asyncio.wait_for(_one_stream(url, pool), WAIT)
+            assert kinds == [FrameKind.START, FrameKind.END]
+            assert carried == [2]  # on the connection given back
+        finally:
+            await pool.aclose()
+
+
 async def test_a_start_cut_off_before_its_start_frame_is_not_retried() -> None:
     async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         requests.append(await reader.readuntil(b"\r\n\r\n"))

@@ -294,9 +294,15 @@ class _Reader(asyncio.BufferedProtocol):
         )
         if clean and body is not None and body.done:
             self._stop_finishing()
+            if self._paused:  # it fell behind and stopped reading: the next user reads
+                self._paused = False
+                transport.resume_reading()
             lender, lent = self._lender, self._lent
             assert lender is not None
+            # Let go of it: this may run inside a read (the body's end arriving), whose
+            # rest must not touch the connection (pausing it for a large read, above all).
             self._lent = None
+            self.transport = None
             lender.take_back(lent)
         elif clean and self._last in (FrameKind.END, FrameKind.ERROR):
             if self._finishing is None:
