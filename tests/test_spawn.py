@@ -12,8 +12,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import pytest
+from support import fast_config
 
+from sandboxkit import Sandbox
 from sandboxkit.daemon import spawn as spawn_module
+from sandboxkit.daemon.server import DaemonServer
 from sandboxkit.daemon.spawn import Child, spawn
 
 T = TypeVar("T")
@@ -139,3 +142,19 @@ def test_close_kills_a_running_child_and_reaps_it(run_loop: Any) -> None:
         return child.returncode
 
     assert run_loop(scenario()) == -9
+
+
+@pytest.mark.parametrize("event_loop", [p.id for p in _loops()])
+def test_a_process_writes_to_pipes_on_either_loop(event_loop: str) -> None:
+    """Its stdout and stderr are pipes, as with envd (Go's ``exec``): reopening
+    ``/dev/stdout`` works. (uvloop's spawn gave it sockets, where that open fails with
+    "No such device or address".)"""
+    server = DaemonServer(fast_config(event_loop=event_loop)).start()
+    try:
+        with Sandbox.create(url=server.url, token=server.token) as sbx:
+            result = sbx.commands.run(
+                "echo out > /dev/stdout; echo err > /dev/stderr; stat -L -c %F /dev/stdout"
+            )
+        assert (result.stdout, result.stderr) == ("out\nfifo\n", "err\n")
+    finally:
+        server.stop()
