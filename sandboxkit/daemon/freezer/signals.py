@@ -129,14 +129,15 @@ class SignalFreezer(Freezer):
         # A process forked between a scan and its parent's SIGSTOP is found by the next
         # scan; once a scan finds nothing new, every member has a pending SIGSTOP (which
         # makes a concurrent fork() restart), so no more members can appear.
-        while self._stop_new(self.members().values()):
-            if time.monotonic() >= deadline:
-                break
-        # Stopped processes must run to stop: usually within a scheduler tick. Each check
-        # is a scan of /proc, so the interval grows rather than spin.
+        members = self.members()
+        while self._stop_new(members.values()) and time.monotonic() < deadline:
+            members = self.members()
+        # Stopped processes must run to stop: usually within a scheduler tick. Until they
+        # all did, only their own states are read again (a scan of /proc costs as much as
+        # reading each of tens of members); then one scan, for any member it missed (a
+        # process stopped forks nothing more). The interval grows rather than spin.
         recheck = _FIRST_RECHECK
         while True:
-            members = self.members()
             if not self._stop_new(members.values()) and all(
                 is_stopped(st) for st in members.values()
             ):
@@ -152,6 +153,9 @@ class SignalFreezer(Freezer):
                 return
             await asyncio.sleep(recheck)
             recheck = min(recheck * 2, _MAX_RECHECK)
+            members = _restat(members)
+            if all(is_stopped(st) for st in members.values()):
+                members = self.members()
 
     def _continue_all(self) -> None:
         """SIGCONT every member and every process we stopped."""
@@ -196,3 +200,13 @@ class SignalFreezer(Freezer):
         self._leaders.clear()
         self._sids.clear()
         self._stopped.clear()
+
+
+def _restat(members: dict[int, ProcStat]) -> dict[int, ProcStat]:
+    """The same processes read again (those that exited, or whose pid was reused, gone)."""
+    fresh: dict[int, ProcStat] = {}
+    for pid, old in members.items():
+        st = read_stat(pid)
+        if st is not None and st.alive and st.starttime == old.starttime:
+            fresh[pid] = st
+    return fresh
