@@ -857,9 +857,19 @@ def test_output_evicted_before_the_panel_read_it_shows_as_a_marker(
     """A panel attached from cursor 0 after the daemon evicted the start of the output
     shows how much was lost, in the terminal, not as a warning in the kernel's log."""
     with Sandbox.create(**conn) as sbx:
-        pid = start_sync(
-            sbx, [sys.executable, "-c", "for i in range(2000): print(f'line {i:06d}')"]
+        # Two halves, the second once the first is in the log: two chunks at least, so the
+        # older is evicted however the reads fall (a loaded machine read the whole output
+        # at once, one chunk, and the newest chunk is always kept).
+        writer = (
+            "import sys\n"
+            "for i in range(2000):\n"
+            "    print(f'line {i:06d}')\n"
+            "    if i == 999:\n"
+            "        sys.stdout.flush(); sys.stdin.readline()\n"
         )
+        pid = start_sync(sbx, [sys.executable, "-c", writer])
+        wait_until(lambda: sbx.commands.get(pid).raw["head"] >= 1, timeout=10, what="a chunk")
+        sbx.commands.send_stdin(pid, "\n")
 
         def exited() -> bool:
             return any(p.pid == pid and p.state == "exited" for p in sbx.commands.list())
