@@ -20,7 +20,7 @@ from support import poll
 
 from sandboxkit import AsyncSandbox
 from sandboxkit.client.api import ApiClient
-from sandboxkit.client.transport import RawTransport
+from sandboxkit.client.transport import RawTransport, raw_unary
 from sandboxkit.client.transport.raw_unary import BadResponse, parse_head
 from sandboxkit.errors import DaemonUnavailable, MalformedFrame, SandboxkitError, SandboxNotFound
 
@@ -226,6 +226,27 @@ async def test_a_connection_closed_while_idle_is_not_written_to(
         assert await api.call("POST", "/p") == {"ok": True}
         assert len(server.requests) == 2
         assert server.accepts == 2
+    finally:
+        await api.aclose()
+
+
+async def test_a_connection_idle_near_the_keep_alive_timeout_is_not_reused(
+    serve: Callable[[Script], Awaitable[Server]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The daemon closes a connection idle for its keep-alive timeout (5 s): a request
+    # written to it as that happens is lost, and a POST (a start) cannot be retried. So
+    # a connection idle nearly that long goes, before it is written to.
+    monkeypatch.setattr(raw_unary, "MAX_IDLE_AGE", 0.2)
+    server = await serve(always_ok)
+    api = ApiClient(server.url, "tok")
+    try:
+        await api.call("POST", "/p")
+        await api.call("POST", "/p")
+        assert server.accepts == 1  # reused while fresh
+        await asyncio.sleep(0.3)  # sleep-ok: the idle time is what is tested
+        assert await api.call("POST", "/p") == {"ok": True}
+        assert server.accepts == 2  # a new connection for a request after that long
+        await poll(lambda: server.open == 1, 5.0, "the old connection to be closed")
     finally:
         await api.aclose()
 

@@ -11,11 +11,12 @@ line, a few headers and a Content-Length (or chunked) body, which :func:`parse_h
 takes apart in a few microseconds and refuses when it is anything else. Streams are
 read below httpx too (see raw_stream, whose chunked decoder this module reuses).
 
-Connections are reused (LIFO, at most :data:`MAX_IDLE` idle). One that the daemon closed
-while idle (its keep-alive timeout, a restart) is noticed before it is written to and
-dropped; one that it closes after the request went out without answering a byte is
-retried once on a new connection if the request is idempotent, else the request fails
-with DaemonUnavailable (the daemon may have acted on it).
+Connections are reused (LIFO, at most :data:`MAX_IDLE` idle, each for at most
+:data:`MAX_IDLE_AGE` seconds idle, short of the daemon's keep-alive timeout). One that the
+daemon closed while idle (a restart) is noticed before it is written to and dropped; one
+that it closes after the request went out without answering a byte is retried once on a
+new connection if the request is idempotent, else the request fails with
+DaemonUnavailable (the daemon may have acted on it).
 
 A hung daemon (stopped, its event loop blocked) still has its connections accepted by
 the kernel, and answers nothing. A request with no whole response after
@@ -47,6 +48,10 @@ PROBE_TIMEOUT = 2.0
 """Seconds the daemon has to answer that check before it is taken for hung."""
 MAX_IDLE = 32
 """Idle connections kept per daemon (as httpx's max_keepalive_connections)."""
+MAX_IDLE_AGE = 4.0
+"""Seconds an idle connection is reused for at most. The daemon closes a connection idle
+for its keep-alive timeout (5 s by default); a request written to it just as that happens
+is lost, and one that is not idempotent (a start) cannot be sent again."""
 _MAX_HEAD = 64 * 1024
 """The largest response head accepted (the daemon's are ~150 bytes)."""
 _IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
@@ -146,6 +151,8 @@ class _Connection(asyncio.Protocol):
         self.lost = asyncio.get_running_loop().create_future()
         """Done once the connection is closed (and its socket with it)."""
         self.reusable = False
+        self.idle_since = 0.0
+        """The event loop's time when it last went back to the pool."""
         self._buffer = bytearray()
         self._waiter: asyncio.Future[RawResponse] | None = None
         self._head: Head | None = None
@@ -431,9 +438,10 @@ class RawPool:
             self._drop_idle()
             self._loop = loop
         idle = self._idle
+        fresh = loop.time() - MAX_IDLE_AGE
         while idle:
             conn = idle.pop()
-            if conn.idle_and_open():
+            if conn.idle_since > fresh and conn.idle_and_open():
                 return conn, True
             self._discard(conn)
         try:
@@ -467,6 +475,7 @@ class RawPool:
 
     def _put(self, conn: _Connection) -> None:
         if conn.reusable and not self.closed and len(self._idle) < MAX_IDLE:
+            conn.idle_since = asyncio.get_running_loop().time()
             self._idle.append(conn)
         else:
             self._discard(conn)
