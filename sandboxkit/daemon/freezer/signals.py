@@ -158,13 +158,12 @@ class SignalFreezer(Freezer):
                 members = self.members()
 
     def _continue_all(self) -> None:
-        """SIGCONT every member and every process we stopped."""
-        members = self.members()
-        for st in members.values():
-            send_to(st.ident, signal.SIGCONT)
+        """SIGCONT every process we stopped: every member there was when the freeze
+        ended, already stopped or not (a member that appeared since was never stopped:
+        a stopped process forks nothing). No scan of ``/proc``, which on a host of many
+        processes is most of a resume."""
         for ident in self._stopped:
-            if ident.pid not in members:
-                send_to(ident, signal.SIGCONT)
+            send_to(ident, signal.SIGCONT)
         self._stopped.clear()
         self._frozen = False
 
