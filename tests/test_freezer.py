@@ -29,8 +29,10 @@ from sandboxkit.daemon.freezer import (
     make_freezer,
 )
 from sandboxkit.daemon.freezer import base as freezer_base
+from sandboxkit.daemon.freezer import signals as signals_freezer
 from sandboxkit.daemon.freezer.daemon_cgroup import daemon_cgroup_path
 from sandboxkit.daemon.freezer.proc import send_to
+from sandboxkit.daemon.isolation import probe
 
 # Writes its pid to <file>.pid, then an incrementing counter to <file> every 10 ms.
 COUNTER = (
@@ -54,6 +56,21 @@ BACKENDS = [
     "signals",
 ]
 
+
+_NAMESPACES = probe()
+BWRAP = [
+    str(_NAMESPACES.bwrap),
+    "--unshare-user",
+    "--unshare-pid",
+    "--ro-bind", "/", "/",
+    "--proc", "/proc",
+    "--dev", "/dev",
+]  # fmt: skip
+"""A launch in namespaces of its own, as sandboxkit's isolated sandboxes are."""
+needs_namespaces = pytest.mark.skipif(
+    not _NAMESPACES.available and not os.environ.get("CI"),
+    reason=f"no namespaces here: {_NAMESPACES.reason}",
+)
 
 # Deadlines are failure bounds, not expected times: a loaded machine (the suite runs
 # beside other work on 2 cores) takes seconds to start a Python process, and a test
@@ -108,12 +125,17 @@ class Sandbox:
         self.procs: list[asyncio.subprocess.Process] = []
         self.known: set[int] = set()
 
-    async def spawn(self, script: str, launch: str | None = None) -> asyncio.subprocess.Process:
+    async def spawn(
+        self, script: str, launch: str | None = None, *, contained: bool = False
+    ) -> asyncio.subprocess.Process:
         """Start ``sh -c script`` as a new leader, as the daemon does: in a session of its
-        own, with the freezer's owner mark in its environment."""
+        own, with the freezer's owner mark in its environment; ``contained``: in a PID
+        namespace of its own, under bubblewrap, as an isolated sandbox's launch is."""
         launch = launch or f"launch-{len(self.procs)}"
+        wrap = [*BWRAP, "--bind", str(self.tmp), str(self.tmp), "--"] if contained else []
         proc = await asyncio.create_subprocess_exec(
             *self.tree.launch_prefix(),
+            *wrap,
             "/bin/sh",
             "-c",
             script,
@@ -121,7 +143,7 @@ class Sandbox:
             stdin=asyncio.subprocess.DEVNULL,
             env={**os.environ, **self.tree.launch_env(launch)},
         )
-        self.tree.add(proc.pid, launch)
+        self.tree.add(proc.pid, launch, contained=contained)
         self.procs.append(proc)
         self.known.add(proc.pid)
         return proc
@@ -459,3 +481,93 @@ async def test_a_signal_reaches_a_shell_before_the_command_it_waits_for(
         for i, shell in enumerate(shells):
             sb.tree.signal_launch(f"cmd-{i}", signal.SIGTERM)
             assert await asyncio.wait_for(shell.wait(), DEADLINE) == -signal.SIGTERM, sent
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(90)
+@needs_namespaces
+async def test_contained_launches_are_frozen_without_a_scan_of_proc(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under the signals freezer, a sandbox whose launches each run in a PID namespace
+    of their own is found by walking down from its leaders: nothing in a PID namespace
+    leaves it, and its orphans go to its init, below the leader. Every process on the
+    host is read only when something could have left (a scan costs as much as reading
+    each of tens of members), and the escapees are still caught."""
+    scans: list[int] = []
+    scan = signals_freezer.scan_processes
+
+    def counted() -> Any:
+        scans.append(1)
+        return scan()
+
+    monkeypatch.setattr(signals_freezer, "scan_processes", counted)
+    async with sandbox("signals", tmp_path) as sb:
+        cmd, escaped_out = sb.counter_cmd("escaped")
+        await sb.spawn(f"( setsid {cmd} >/dev/null 2>&1 & ) ; exec sleep 60", contained=True)
+        cmd, child_out = sb.counter_cmd("child")
+        await sb.spawn(f"{cmd} & wait", contained=True)
+        outs = [escaped_out, child_out]
+        pids = [await _host_pid_of_counter(sb, out) for out in outs]
+        for out in outs:
+            await grows(out)
+        scans.clear()
+        assert set(pids) <= set(sb.tree.pids())
+        await sb.tree.freeze()
+        assert all(process_is_frozen(pid) for pid in pids)
+        for out in outs:
+            await stays_constant(out)
+        await sb.tree.thaw()
+        for out in outs:
+            await grows(out)
+        assert scans == []
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(90)
+@needs_namespaces
+async def test_a_contained_launch_whose_leader_was_killed_is_still_frozen(
+    tmp_path: Path,
+) -> None:
+    """The walk down from a leader holds only while the leader lives: bubblewrap's
+    monitor, killed (or exited with its command while something inside lives on), leaves
+    the namespace running under the host's init, which the freezer then finds by a scan."""
+    async with sandbox("signals", tmp_path) as sb:
+        cmd, out = sb.counter_cmd("orphaned")
+        leader = await sb.spawn(f"{cmd} & wait", contained=True)
+        pid = await _host_pid_of_counter(sb, out)
+        await grows(out)
+        assert pid in sb.tree.pids()
+        leader.kill()
+        await asyncio.wait_for(leader.wait(), DEADLINE)
+        await grows(out)  # the namespace lives on without it
+        await sb.tree.freeze()
+        assert process_is_frozen(pid)
+        await stays_constant(out)
+        await sb.tree.thaw()
+        await grows(out)
+
+
+async def _host_pid_of_counter(sb: Sandbox, out: Path) -> int:
+    """A counter in a PID namespace writes its pid there; the host's is the process of
+    the sandbox whose ``NSpid`` ends with it."""
+    inner = await sb.counter_pid(out)
+    sb.known.discard(inner)
+
+    def host_pid() -> int | None:
+        for pid in psutil.pids():
+            with contextlib.suppress(OSError):
+                status = Path(f"/proc/{pid}/status").read_text()
+                nspid = next(ln for ln in status.splitlines() if ln.startswith("NSpid:"))
+                ids = nspid.split()[1:]
+                if (
+                    len(ids) > 1
+                    and ids[-1] == str(inner)
+                    and str(out) in " ".join(psutil.Process(pid).cmdline())
+                ):
+                    return pid
+        return None
+
+    found = await poll(host_pid, timeout=DEADLINE, what="the counter's host pid")
+    sb.known.add(found)
+    return int(found)

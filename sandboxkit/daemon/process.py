@@ -194,7 +194,6 @@ class ManagedProcess:
     ) -> None:
         """Spawn the process in the sandbox's ``freezer`` (and namespaces, with a ``plan``)
         and start capturing its output."""
-        loop = asyncio.get_running_loop()
         # InvalidArgument (a bad cwd or user) before anything starts.
         if plan is not None:
             wrap, own_env, cwd = plan.wrap(self.spec.user, self.spec.cwd)
@@ -215,6 +214,34 @@ class ManagedProcess:
         )
         argv = prefix + wrap + self.spec.command_line()
         check_exec_size(argv, env, argv_field="argv" if self.spec.argv is not None else "cmd")
+        with freezer.launching(self.launch):
+            child, pty_reader = await self._spawn(argv, cwd, env)
+            self._child = child
+            if self._stdin_pipe is not None and not self._stdin_pipe.is_closing():
+                # Paused while anything is buffered, resumed once it all went to the child.
+                self._stdin_pipe.set_write_buffer_limits(high=0, low=0)
+            self.pid = child.pid
+            self._stdin.pid = self.pid
+            # Off the event loop: the first pid written into a new cgroup takes 9-13 ms
+            # (the kernel's cgroup migration), during which every stream of the daemon
+            # would wait. Also where the wrapper joins by itself: left to the wrapper
+            # alone, a namespaced sandbox's first command took about 4 ms longer
+            # (benchmarks/isolation.py).
+            await asyncio.to_thread(freezer.add, self.pid, self.launch, contained=self.isolated)
+        self._freezer = freezer
+        self.started_at = time.time()
+        if self.log.disk_error is not None:  # its directory could not even be made
+            self._log_degraded("disk_error", self.log.disk_error)
+        self._own(self._watch_exit(child, pty_reader))
+        if self.spec.timeout is not None:
+            self._own(self._deadline(self.spec.timeout))
+
+    async def _spawn(
+        self, argv: list[str], cwd: str, env: dict[str, str]
+    ) -> tuple[Child, PtyReader | None]:
+        """Spawn ``argv`` on pipes or a pty; a request's fault is InvalidArgument, and
+        running out of descriptors a typed 503."""
+        loop = asyncio.get_running_loop()
         budget = FdBudget.current(self.config.fd_reserve)
         budget.check_spawn()  # out of descriptors: a typed 503, not a "bad command"
         pty_reader: PtyReader | None = None
@@ -246,24 +273,7 @@ class ManagedProcess:
             # fault, refused with nothing started.
             field = "cwd" if isinstance(exc, NotADirectoryError) else "cmd"
             raise InvalidArgument(f"cannot execute: {exc}", field=field) from None
-        self._child = child
-        if self._stdin_pipe is not None and not self._stdin_pipe.is_closing():
-            # Paused while anything is buffered, resumed once it all went to the child.
-            self._stdin_pipe.set_write_buffer_limits(high=0, low=0)
-        self.pid = child.pid
-        self._stdin.pid = self.pid
-        # Off the event loop: the first pid written into a new cgroup takes 9-13 ms (the
-        # kernel's cgroup migration), during which every stream of the daemon would wait.
-        # Also where the wrapper joins by itself: left to the wrapper alone, a namespaced
-        # sandbox's first command took about 4 ms longer (benchmarks/isolation.py).
-        await asyncio.to_thread(freezer.add, self.pid, self.launch)
-        self._freezer = freezer
-        self.started_at = time.time()
-        if self.log.disk_error is not None:  # its directory could not even be made
-            self._log_degraded("disk_error", self.log.disk_error)
-        self._own(self._watch_exit(child, pty_reader))
-        if self.spec.timeout is not None:
-            self._own(self._deadline(self.spec.timeout))
+        return child, pty_reader
 
     def _cwd(self, workdir: str) -> str:
         cwd = self.spec.cwd or workdir

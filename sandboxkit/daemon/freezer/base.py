@@ -12,6 +12,8 @@ leader, its session, the processes whose owner mark (see
 from __future__ import annotations
 
 import abc
+import contextlib
+from collections.abc import Iterator
 from typing import Final
 
 from sandboxkit.daemon.freezer.marks import MARK_VAR, Mark, MarkReader, daemon_ident, daemon_mark
@@ -30,7 +32,8 @@ class Freezer(abc.ABC):
     """All processes of one sandbox, which can be frozen, thawed and signalled.
 
     Usage: spawn each process as ``launch_prefix() + argv`` with ``launch_env(launch)`` in
-    its environment and ``start_new_session=True``, then call ``add(pid, launch)``.
+    its environment and ``start_new_session=True``, then call ``add(pid, launch)``; in a
+    daemon, where other work runs meanwhile, both inside ``with launching(launch)``.
     """
 
     backend: str
@@ -43,6 +46,7 @@ class Freezer(abc.ABC):
         self._closed = False
         self._marks = MarkReader()
         self._launches: dict[str, Ident] = {}
+        self._launching: set[str] = set()
 
     # -- joining ---------------------------------------------------------------------
 
@@ -61,16 +65,29 @@ class Freezer(abc.ABC):
         """Environment for the process of ``launch``: its owner mark."""
         return {MARK_VAR: str(daemon_mark(self.sandbox_id, launch))}
 
-    def add(self, pid: int, launch: str | None = None) -> None:
-        """Register a newly started leader (of ``launch``, when it has one)."""
+    @contextlib.contextmanager
+    def launching(self, launch: str) -> Iterator[None]:
+        """Around a launch's spawn and its :meth:`add`: meanwhile it runs unregistered,
+        and only its owner mark tells it is the sandbox's (the signals freezer then
+        looks for it in all of ``/proc``)."""
+        self._launching.add(launch)
+        try:
+            yield
+        finally:
+            self._launching.discard(launch)
+
+    def add(self, pid: int, launch: str | None = None, *, contained: bool = False) -> None:
+        """Register a newly started leader (of ``launch``, when it has one).
+        ``contained``: it runs in a PID namespace of its own, whose init is its child
+        (bubblewrap's), so nothing it starts can leave the tree below it."""
         if self._closed:
             raise RuntimeError("freezer is closed")
-        self._adopt(pid)
+        self._adopt(pid, contained)
         if launch is not None and (ident := ident_of(pid)) is not None:
             self._launches[launch] = ident
 
     @abc.abstractmethod
-    def _adopt(self, pid: int) -> None:
+    def _adopt(self, pid: int, contained: bool) -> None:
         """Make ``pid`` a member (the backend's part of :meth:`add`)."""
 
     # -- membership ------------------------------------------------------------------
