@@ -158,3 +158,53 @@ def test_a_process_writes_to_pipes_on_either_loop(event_loop: str) -> None:
         assert (result.stdout, result.stderr) == ("out\nfifo\n", "err\n")
     finally:
         server.stop()
+
+
+class _TakesTheNumberFirst:
+    """A pipe's file object that, when the loop closes it, first opens another file. That
+    gets the lowest free number: the pipe's own, if its descriptor was closed already (as
+    uvloop's transports do before they close the file object)."""
+
+    def __init__(self, file: Any) -> None:
+        self._file = file
+        self.other: int | None = None
+        self.closed = asyncio.Event()
+
+    def fileno(self) -> int:
+        return int(self._file.fileno())
+
+    def close(self) -> None:
+        self.other = os.open("/dev/null", os.O_RDONLY)
+        self._file.close()
+        self.closed.set()
+
+
+def test_each_pipe_is_closed_once(run_loop: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loop's transport is the one thing that closes a child's pipe. uvloop's closes
+    the descriptor, then the file object it was given, which closed the number again: by
+    then another thread of the daemon may have opened a file under it."""
+    handed: list[_TakesTheNumberFirst] = []
+    real = spawn_module.loop_file
+
+    def watched(fd: int, mode: str) -> Any:
+        handed.append(_TakesTheNumberFirst(real(fd, mode)))
+        return handed[-1]
+
+    monkeypatch.setattr(spawn_module, "loop_file", watched)
+
+    async def scenario() -> None:
+        child, _ = await _run(["sh", "-c", "cat"], stdin=b"x")
+        await asyncio.wait_for(asyncio.gather(*(f.closed.wait() for f in handed)), WAIT)
+        del child
+
+    run_loop(scenario())
+    null = os.stat("/dev/null")
+    kept = []
+    for file in handed:
+        assert file.other is not None
+        try:
+            kept.append(os.path.samestat(os.fstat(file.other), null))
+            os.close(file.other)
+        except OSError:
+            kept.append(False)
+    assert kept == [True, True, True]

@@ -29,7 +29,7 @@ from sandboxkit.daemon.limits import LimitEnforcer
 from sandboxkit.daemon.output_log import OutputLog
 from sandboxkit.daemon.process_io import PtyInput, PtyReader
 from sandboxkit.daemon.run_as import resolve_user
-from sandboxkit.daemon.spawn import Child, spawn
+from sandboxkit.daemon.spawn import Child, loop_file, spawn
 from sandboxkit.daemon.stdin import StdinLedger
 from sandboxkit.errors import InvalidArgument, StdinBusy
 
@@ -259,7 +259,7 @@ class ManagedProcess:
                 pty_reader = PtyReader(self)
                 await loop.connect_read_pipe(
                     lambda: pty_reader,
-                    os.fdopen(os.dup(master), "rb", buffering=0),
+                    loop_file(os.dup(master), "rb"),
                 )
                 # Input buffered without blocking the loop, bounded like a pipe's.
                 self._stdin_pipe = PtyInput(self, master)

@@ -15,6 +15,14 @@ readable when the child exits, watched like a socket; the child is then reaped w
 ``waitpid`` on its pid alone, so nothing of anyone else's is ever reaped. Where the kernel
 or a seccomp profile refuses ``pidfd_open``, a thread per child waits instead, as
 asyncio's watcher does.
+
+Why the pipes are made here rather than by ``Popen``: a loop's pipe transport must be
+the one thing that closes each descriptor. asyncio's closes its file object; uvloop's
+closes the descriptor itself and *then* the file object it was given, which closed the
+same number again (``close`` → ``EBADF``, seen with strace on every spawn). Between the
+two, another of the daemon's threads may have opened a file under that number, and the
+second close would have taken it. :func:`loop_file` gives each loop the file object it
+needs.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import io
 import os
 import subprocess
 import threading
@@ -30,7 +39,7 @@ from typing import Any
 
 from sandboxkit.daemon.process_io import Output, Owner, StdinFlow
 
-__all__ = ["Child", "spawn"]
+__all__ = ["Child", "loop_file", "spawn"]
 
 _PIPE_SIZE = 1024 * 1024
 """Pipe buffers asked for: a chatty process then blocks, and the daemon wakes, a
@@ -45,8 +54,9 @@ class Child:
     process itself exited). ``stdin`` is its stdin pipe's transport (``None`` on a pty:
     the caller owns the terminal)."""
 
-    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+    def __init__(self, popen: subprocess.Popen[bytes], pipes: _Pipes | None) -> None:
         self._popen = popen
+        self._pipes = pipes
         self._loop = asyncio.get_running_loop()
         self.pid = popen.pid
         self.exited: asyncio.Future[None] = self._loop.create_future()
@@ -62,21 +72,25 @@ class Child:
         return self._popen.returncode
 
     async def _join(self, owner: Owner) -> None:
-        popen = self._popen
-        if popen.stdout is not None and popen.stderr is not None:
-            for name, pipe in (("stdout", popen.stdout), ("stderr", popen.stderr)):
-                _widen(pipe.fileno())
-                self._open_outputs += 1
-                transport, _ = await self._loop.connect_read_pipe(
-                    lambda name=name: Output(owner, name, self._output_closed),  # type: ignore[misc]
-                    pipe,
-                )
-                self._outputs.append(transport)
-        else:
+        pipes = self._pipes
+        if pipes is None:
             self.pipes_closed.set_result(None)
-        if popen.stdin is not None:
-            stdin, _ = await self._loop.connect_write_pipe(lambda: StdinFlow(owner), popen.stdin)
-            self.stdin = stdin
+            self._watch_exit()
+            return
+        # Each descriptor handed to the loop is its transport's to close from then on,
+        # even if the connect fails (both loops close what they took); what was not
+        # handed over yet, :meth:`close` closes.
+        for name in ("stdout", "stderr"):
+            self._open_outputs += 1
+            transport, _ = await self._loop.connect_read_pipe(
+                lambda name=name: Output(owner, name, self._output_closed),  # type: ignore[misc]
+                loop_file(pipes.ours.pop(name), "rb"),
+            )
+            self._outputs.append(transport)
+        stdin, _ = await self._loop.connect_write_pipe(
+            lambda: StdinFlow(owner), loop_file(pipes.ours.pop("stdin"), "wb")
+        )
+        self.stdin = stdin
         self._watch_exit()
 
     def _output_closed(self) -> None:
@@ -119,6 +133,8 @@ class Child:
             transport.close()
         if self.stdin is not None:
             self.stdin.close()
+        if self._pipes is not None:
+            self._pipes.close()  # what no transport took (a join that failed part-way)
         if self._popen.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 self._popen.kill()
@@ -135,20 +151,29 @@ async def spawn(
     """Start ``argv`` in a session of its own, its output going to ``owner``: on pipes,
     or on the pty slave ``terminal`` (then the caller reads the master). ``OSError`` if
     it cannot be executed (nothing is left running then)."""
-    stream: Any = subprocess.PIPE if terminal is None else terminal
-    # On the loop, as asyncio's subprocess_exec does: vfork + exec takes well under a
-    # millisecond, and the parent is suspended until the child execs anyway.
-    popen = subprocess.Popen(  # noqa: ASYNC220
-        argv,
-        stdin=stream,
-        stdout=stream,
-        stderr=stream,
-        cwd=cwd,
-        env=env,
-        start_new_session=True,
-        bufsize=0,
-    )
-    child = Child(popen)
+    pipes = _Pipes() if terminal is None else None
+    theirs: dict[str, Any] = pipes.theirs if pipes is not None else dict.fromkeys(_NAMES, terminal)
+    try:
+        # On the loop, as asyncio's subprocess_exec does: vfork + exec takes well under a
+        # millisecond, and the parent is suspended until the child execs anyway.
+        popen = subprocess.Popen(  # noqa: ASYNC220
+            argv,
+            stdin=theirs["stdin"],
+            stdout=theirs["stdout"],
+            stderr=theirs["stderr"],
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
+            bufsize=0,
+        )
+    except BaseException:
+        if pipes is not None:
+            pipes.close()
+        raise
+    finally:
+        if pipes is not None:
+            pipes.close_theirs()  # the child has its copies (or never will)
+    child = Child(popen, pipes)
     try:
         await child._join(owner)
     except BaseException:
@@ -157,6 +182,48 @@ async def spawn(
             child._watch_exit()  # reaped in the background once the kill lands
         raise
     return child
+
+
+_NAMES = ("stdin", "stdout", "stderr")
+
+
+class _Pipes:
+    """A child's three pipes: the ends it gets (``theirs``, closed here once it has
+    them) and the ends the daemon keeps (``ours``, until a transport takes each)."""
+
+    def __init__(self) -> None:
+        self.theirs: dict[str, int] = {}
+        self.ours: dict[str, int] = {}
+        try:
+            for name in _NAMES:
+                read, write = os.pipe2(os.O_CLOEXEC)
+                child_end, our_end = (read, write) if name == "stdin" else (write, read)
+                self.theirs[name], self.ours[name] = child_end, our_end
+                if name != "stdin":
+                    _widen(our_end)
+        except BaseException:
+            self.close()
+            raise
+
+    def close_theirs(self) -> None:
+        for fd in self.theirs.values():
+            os.close(fd)
+        self.theirs.clear()
+
+    def close(self) -> None:
+        self.close_theirs()
+        for fd in self.ours.values():
+            os.close(fd)
+        self.ours.clear()
+
+
+def loop_file(fd: int, mode: str) -> io.FileIO:
+    """``fd`` as the file object the running loop's pipe transports take, so that the
+    descriptor is closed exactly once, by the transport: asyncio's transports close the
+    file object; uvloop's close the descriptor and then the file object, which must then
+    not close it again (see the module's docstring)."""
+    loop = asyncio.get_running_loop()
+    return io.FileIO(fd, mode, closefd=isinstance(loop, asyncio.BaseEventLoop))
 
 
 def _widen(fd: int) -> None:
