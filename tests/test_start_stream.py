@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit
@@ -262,3 +264,25 @@ async def test_a_start_cut_off_before_its_start_frame_is_not_retried() -> None:
         await api.aclose()
         server.close()
         await server.wait_closed()
+
+
+@pytest.mark.parametrize("command", [["true"], ["sh", "-c", "echo out; echo err >&2"]])
+async def test_a_run_closes_what_it_read_with(conn: dict[str, str], command: list[str]) -> None:
+    """A finished command leaves no half-read async generator for the loop to close
+    from the garbage collector: each would cost a wake-up of the loop and a task, per
+    command, and close after the connection went back to the pool."""
+    async with await AsyncSandbox.create(**conn) as sbx:
+        await sbx.commands.run(command)  # the pool's connection, made
+        await sbx.commands.connect((await sbx.commands.run(command, background=True)).pid)
+        left: list[Any] = []
+        firstiter, finalizer = sys.get_asyncgen_hooks()
+        sys.set_asyncgen_hooks(firstiter, lambda agen: (left.append(agen), finalizer(agen)))
+        try:
+            await sbx.commands.run(command)
+            handle = await sbx.commands.run(command, background=True)
+            await handle.wait()
+            await (await sbx.commands.connect(handle.pid, cursor=0)).wait()
+            gc.collect()
+        finally:
+            sys.set_asyncgen_hooks(firstiter, finalizer)
+        assert left == []

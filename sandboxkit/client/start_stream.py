@@ -12,7 +12,7 @@ after, it is resumed like any other, with ``GET …/stream`` from the cursor rea
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +36,7 @@ class Opened:
     it, and its batches (from the first, whose ``start`` frame was read for the pid)."""
 
     stack: contextlib.AsyncExitStack
-    batches: AsyncIterator[list[Frame]]
+    batches: AsyncGenerator[list[Frame], None]
 
 
 async def start_stream(
@@ -48,7 +48,8 @@ async def start_stream(
     async with contextlib.AsyncExitStack() as stack:
         frames = await stack.enter_async_context(api.stream(path, json=spec, role=options.role))
         # Borrowed, as every attach reads: the payloads are views until the next batch.
-        batches = frames.batches(borrow=True).__aiter__()
+        batches = frames.batches(borrow=True)
+        stack.push_async_callback(batches.aclose)  # before the connection goes back
         try:
             first = await within(batches.__anext__(), _START_TIMEOUT)
         except (StopAsyncIteration, TimeoutError):
@@ -65,8 +66,8 @@ async def start_stream(
 
 
 async def _again(
-    first: list[Frame], rest: AsyncIterator[list[Frame]]
-) -> AsyncIterator[list[Frame]]:
+    first: list[Frame], rest: AsyncGenerator[list[Frame], None]
+) -> AsyncGenerator[list[Frame], None]:
     """``first``, then the batches of ``rest``."""
     yield first
     async for batch in rest:

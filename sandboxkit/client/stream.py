@@ -386,9 +386,9 @@ class ProcessStream:
     async def _attach_once(self) -> None:
         opened, self._opened = self._opened, None
         if opened is not None:  # the start request's own (see client/start_stream.py)
-            async with opened.stack:
+            async with opened.stack, contextlib.aclosing(opened.batches) as batches:
                 self.stats.attaches += 1
-                await self._read(opened.batches)
+                await self._read(batches)
             return
         path = f"/sandboxes/{self.sandbox_id}/processes/{self.pid}/stream"
         async with contextlib.AsyncExitStack() as stack:
@@ -406,7 +406,10 @@ class ProcessStream:
             self.stats.attaches += 1
             # Borrowed: a payload is a view into the receive buffer until the next batch;
             # _deliver copies it only for what keeps it (a bytes callback, keep_output).
-            await self._read(frames.batches(borrow=True).__aiter__())
+            batches = await stack.enter_async_context(
+                contextlib.aclosing(frames.batches(borrow=True))
+            )
+            await self._read(batches)
 
     async def _read(self, batches: AsyncIterator[list[Frame]]) -> None:
         if sys.version_info >= (3, 11):

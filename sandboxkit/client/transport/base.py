@@ -10,7 +10,7 @@ to the typed errors of :mod:`sandboxkit.errors`; the client above owns the bookk
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
@@ -37,13 +37,15 @@ class FrameStream(AsyncIterator[Frame]):
         self._body = body
         self._frames = self._each()
 
-    def batches(self, borrow: bool = False) -> AsyncIterator[list[Frame]]:
+    def batches(self, borrow: bool = False) -> AsyncGenerator[list[Frame], None]:
         """Lists of frames, one per network read that completed any. ``borrow``: the
         payloads may be views into the transport's buffer, valid only until the next
-        batch is asked for (a transport that decodes in place then copies none)."""
+        batch is asked for (a transport that decodes in place then copies none). A
+        reader that stops before the end closes it (``contextlib.aclosing``), rather
+        than leave it to the garbage collector and the loop."""
         return self._decode()
 
-    async def _decode(self) -> AsyncIterator[list[Frame]]:
+    async def _decode(self) -> AsyncGenerator[list[Frame], None]:
         decoder = FrameDecoder()
         async for data in self._body:
             frames = decoder.feed(data)

@@ -6,7 +6,7 @@ call and per chunk; see those modules for what is measured."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any
 
 import httpx
@@ -31,7 +31,7 @@ class RawFrameStream(FrameStream):
         super().__init__(raw.chunks())
         self._raw = raw
 
-    def batches(self, borrow: bool = False) -> AsyncIterator[list[Frame]]:
+    def batches(self, borrow: bool = False) -> AsyncGenerator[list[Frame], None]:
         if self._raw.framed:
             return self._raw.batches(borrow)
         return super().batches(borrow)

@@ -20,7 +20,7 @@ import contextlib
 import json
 import re
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, Protocol
 from urllib.parse import urlencode, urlsplit
 
@@ -370,7 +370,7 @@ class _Reader(asyncio.BufferedProtocol):
         if closed:
             self._end()
 
-    async def batches(self, borrow: bool = False) -> AsyncIterator[list[Frame]]:
+    async def batches(self, borrow: bool = False) -> AsyncGenerator[list[Frame], None]:
         """The frames each read completed; the end of the body ends it. With ``borrow``
         the payloads are views into the receive buffer, valid until the next batch is
         asked for (no copy: a consumer that only decodes them never needs one)."""
@@ -416,7 +416,7 @@ class RawStream:
         """True if the body is read as frames (:meth:`batches`), not bytes."""
         return self._reader._body is not None
 
-    def batches(self, borrow: bool = False) -> AsyncIterator[list[Frame]]:
+    def batches(self, borrow: bool = False) -> AsyncGenerator[list[Frame], None]:
         """The body's frames, in lists: the frames each read completed (``borrow``:
         see :meth:`_Reader.batches`)."""
         return self._reader.batches(borrow)
