@@ -14,11 +14,12 @@ import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 from freezer_support import alive, served
-from support import fast_config, wait_until
+from support import fast_config, poll, wait_until
 
 from sandboxkit import (
     CommandExitError,
@@ -356,3 +357,46 @@ def test_what_the_files_api_writes_belongs_to_the_sandbox(sbx: Sandbox) -> None:
     ).stdout
     assert out == "CHANGED\n"
     assert sbx.files.read("/home/user/deep/dir/note.txt") == "from the API\nmore\n"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a root daemon's launches (CI runs as root)")
+async def test_a_root_daemons_launches_join_one_user_namespace_as_nobody(host: Host) -> None:
+    """A root daemon's sandboxed process runs as the host's ``nobody``, never as root:
+    its bwrap joins one user namespace the daemon made, in which ``user`` is ``nobody``
+    (no ``setpriv`` exec before each launch, no user namespace made per launch), and it
+    has no capability there and no way to root's files. ``root`` inside keeps a user
+    namespace of its own."""
+    sandbox = await host.create_sandbox(isolation="namespaces")
+    script = (
+        "grep -E '^(Uid|CapEff):' /proc/self/status; "
+        "cat /etc/shadow >/dev/null 2>&1 || echo shadow-refused; exec sleep 30"
+    )
+    first = await sandbox.start_process(ProcessSpec(cmd=script))
+    await poll(lambda: "shadow-refused" in _said(first), timeout=10, what="its report")
+    words = _said(first).split()
+    assert words[:6] == ["Uid:", "1000", "1000", "1000", "1000", "CapEff:"]
+    assert int(words[6], 16) == 0
+    second = await sandbox.start_process(ProcessSpec(cmd="exec sleep 30"))
+    root = await sandbox.start_process(ProcessSpec(cmd="exec sleep 30", user="root"))
+    spaces = [await poll(lambda p=p: _user_namespace(p.pid)) for p in (first, second, root)]
+    host_uids = {psutil.Process(int(s.split(":")[0])).uids().real for s in spaces}
+    assert host_uids == {isolation.SANDBOX_HOST_UID}
+    spaces = [s.split(":", 1)[1] for s in spaces]
+    assert spaces[0] == spaces[1], "one user namespace for the daemon's launches"
+    assert spaces[2] != spaces[0], "root inside has a user namespace of its own"
+    for process in (first, second, root):
+        await process.kill()
+
+
+def _said(process: Any) -> str:
+    _, chunks = process.log.read(0, 1 << 20)
+    return b"".join(bytes(c.data) for c in chunks).decode()
+
+
+def _user_namespace(leader: int) -> str | None:
+    """``<pid>:<user namespace>`` of the command a launch runs (the sleep at the bottom
+    of its tree), once it runs."""
+    for child in psutil.Process(leader).children(recursive=True):
+        if child.name() == "sleep":
+            return f"{child.pid}:{os.readlink(f'/proc/{child.pid}/ns/user')}"
+    return None

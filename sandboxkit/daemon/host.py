@@ -24,6 +24,7 @@ from sandboxkit.daemon.isolation import (
     host_mounts,
     probe,
     resolve_mode,
+    shared_userns,
     write_accounts,
 )
 from sandboxkit.daemon.launch import shell_ulimit
@@ -101,6 +102,7 @@ class Host:
             if probe().available:  # what every namespaced launch mounts (isolation.py)
                 hide = hidden_defaults(self.root, self.runtime_root)
                 await asyncio.to_thread(host_mounts, hide, bool(drop_prefix()))
+                await asyncio.to_thread(shared_userns)
             try:
                 reports = await asyncio.to_thread(recover)
             except Exception as exc:  # best effort: never keep the daemon from serving
@@ -235,6 +237,7 @@ class Host:
             hostname=sandbox_id,
             bwrap=bwrap,
             prefix=drop_prefix(),
+            userns=shared_userns(),
         )
 
     def isolation_support(self) -> dict[str, Any]:

@@ -28,8 +28,13 @@ the host's network. Without it each process has its own loopback (documented).
 
 A root daemon never runs sandboxed code as host root: inside a user namespace a process
 whose host uid is 0 still passes owner permission checks on root's files (``/etc/shadow``
-is root's), so processes first drop to :data:`SANDBOX_HOST_UID` (``nobody``), and the
-sandbox's directories are given to that account.
+is root's), so processes run as :data:`SANDBOX_HOST_UID` (``nobody``), and the sandbox's
+directories are given to that account. The daemon makes one user namespace in which
+``user`` *is* ``nobody`` (:func:`shared_userns`), and each launch's bwrap joins it
+(``--userns``), as it does the rest: its other namespaces are still the launch's own, and
+bwrap drops every capability before the command runs. A launch as ``root`` inside, or
+where that namespace cannot be made, drops to ``nobody`` with ``setpriv`` first and has
+bwrap make a user namespace of its own: one exec (1.1 ms) more.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, Literal
+from typing import Final, Literal, NamedTuple
 
 from sandboxkit.errors import InvalidArgument, IsolationUnavailable
 
@@ -56,11 +61,13 @@ __all__ = [
     "IsolationMode",
     "NamespacePlan",
     "Probe",
+    "Wrapped",
     "drop_prefix",
     "hidden_defaults",
     "host_mounts",
     "probe",
     "resolve_mode",
+    "shared_userns",
     "write_accounts",
 ]
 
@@ -106,6 +113,7 @@ def probe() -> Probe:
         return Probe(False, "bubblewrap is not installed (the 'bwrap' program; Debian: bubblewrap)")
     argv = [
         bwrap,
+        "--unshare-user",
         *_UNSHARE,
         "--unshare-net",
         "--ro-bind",
@@ -161,7 +169,17 @@ def resolve_mode(asked: str) -> Literal["namespaces", "none"]:
     return "none"
 
 
-_UNSHARE: Final = ("--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts")
+_UNSHARE: Final = ("--unshare-pid", "--unshare-ipc", "--unshare-uts")
+"""The namespaces every launch makes besides its user namespace (and network's)."""
+
+
+class Wrapped(NamedTuple):
+    """One launch under bubblewrap (see :meth:`NamespacePlan.wrap`)."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    pass_fds: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -183,15 +201,23 @@ class NamespacePlan:
     prefix: tuple[str, ...] = ()
     """Run before bwrap (after the cgroup and limits wrapper): for a root daemon, the
     drop to :data:`SANDBOX_HOST_UID`."""
+    userns: int | None = None
+    """For a root daemon, the user namespace a launch as ``user`` joins instead (see
+    :func:`shared_userns`): then no ``prefix`` and no user namespace of its own."""
 
-    def wrap(self, user: str | None, cwd: str | None) -> tuple[list[str], dict[str, str], str]:
-        """For one launch: the argv to put before the command, the base environment, and
-        the host directory to start bwrap in. ``user`` is ``user`` (the default) or
-        ``root`` (root inside the namespace only); InvalidArgument for any other."""
+    def wrap(self, user: str | None, cwd: str | None) -> Wrapped:
+        """For one launch: the argv to put before the command, the base environment, the
+        host directory to start bwrap in and the descriptors it must inherit. ``user`` is
+        ``user`` (the default) or ``root`` (root inside the namespace only);
+        InvalidArgument for any other."""
         account = _account(user)
         inside, backing = self.inside_path(cwd)
-        argv = [*self.prefix, *self.argv(inside, account)]
-        return argv, self.env(account), str(backing or self.home)
+        cwd_host = str(backing or self.home)
+        if account == "user" and self.userns is not None:
+            argv = [*self._head(("--userns", str(self.userns))), *self.argv(inside, account)]
+            return Wrapped(argv, self.env(account), cwd_host, (self.userns,))
+        argv = [*self.prefix, *self._head(("--unshare-user",)), *self.argv(inside, account)]
+        return Wrapped(argv, self.env(account), cwd_host, ())
 
     def inside_path(self, cwd: str | None) -> tuple[str, Path | None]:
         """``cwd`` as the process sees it, and the host directory that backs it (``None``
@@ -223,23 +249,26 @@ class NamespacePlan:
         env.update(HOME=home, USER=user, LOGNAME=user, TMPDIR=TMP)
         return env
 
+    def _head(self, user_namespace: tuple[str, ...]) -> list[str]:
+        """``bwrap`` and the namespaces it makes (or joins: ``user_namespace``)."""
+        net = () if self.internet else ("--unshare-net",)
+        return [self.bwrap, *user_namespace, *_UNSHARE, *net]
+
     def argv(self, cwd_inside: str, user: str) -> list[str]:
-        """``bwrap`` options, ending in ``--``: put the command's argv after it."""
+        """``bwrap``'s options after its namespaces, ending in ``--``: put the command's
+        argv after it."""
         uid = str(0 if user == "root" else USER_UID)
-        head, mounts, accounts = self._options
+        mounts, accounts = self._options
         root_home = ["--dir", "/root"] if user == "root" else []
-        return [*head, "--uid", uid, "--gid", uid, *mounts, *root_home, *accounts,
+        return ["--uid", uid, "--gid", uid, *mounts, *root_home, *accounts,
                 "--chdir", cwd_inside, "--"]  # fmt: skip
 
     @functools.cached_property
-    def _options(self) -> tuple[list[str], list[str], list[str]]:
-        """The options every launch of this sandbox shares (before ``--uid``, the mounts,
-        the account files), worked out once: finding which host directories exist and
-        which the dropped account can reach took most of a millisecond per launch. What
-        a launch sees is fixed when its sandbox is made, as its ``hide`` list is."""
-        head = [self.bwrap, *_UNSHARE]
-        if not self.internet:
-            head.append("--unshare-net")
+    def _options(self) -> tuple[list[str], list[str]]:
+        """The options every launch of this sandbox shares (the mounts, the account
+        files), worked out once: finding which host directories exist and which the
+        dropped account can reach took most of a millisecond per launch. What a launch
+        sees is fixed when its sandbox is made, as its ``hide`` list is."""
         mounts = ["--hostname", self.hostname]
         mounts += ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
         tmpfs, keep = host_mounts(self.hide, bool(self.prefix))
@@ -253,7 +282,7 @@ class NamespacePlan:
             accounts += ["--ro-bind", str(self.etc / name), f"/etc/{name}"]
         # No --clearenv: bwrap passes on its own environment, which the daemon builds
         # from :meth:`env` alone (nothing of the daemon's own environment leaks in).
-        return head, mounts, accounts
+        return mounts, accounts
 
 
 @functools.cache
@@ -306,6 +335,58 @@ def drop_prefix() -> tuple[str, ...]:
         "os.execvp(sys.argv[1],sys.argv[1:])"
     )
     return (sys.executable, "-I", "-S", "-c", drop)
+
+
+@functools.cache
+def shared_userns() -> int | None:
+    """For a root daemon, a user namespace in which uid and gid :data:`USER_UID` are the
+    host's :data:`SANDBOX_HOST_UID` and nothing else is mapped, made once (a few ms) and
+    held by the descriptor returned; ``None`` for any other daemon, or where it cannot be
+    made or bubblewrap does not join it (then each launch drops with ``setpriv`` first).
+
+    Made by ``unshare --user`` (util-linux, as ``setpriv`` is), whose maps the daemon
+    writes as root; it exits once the namespace's descriptor is open. A launch that joins
+    it gets no capability in it: bwrap makes the launch's other namespaces while it holds
+    them, and drops every one before the command runs, which runs as ``user``."""
+    if os.geteuid() != 0 or (unshare := shutil.which("unshare")) is None:
+        return None
+    bwrap = probe().bwrap
+    if bwrap is None:
+        return None
+    try:
+        maker = subprocess.Popen(
+            [unshare, "--user", "/bin/sh", "-c", "echo; read done"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+    except OSError:
+        return None
+    fd: int | None = None
+    try:
+        assert maker.stdin is not None and maker.stdout is not None
+        if maker.stdout.readline() == b"\n":  # it runs in its new user namespace
+            ids = f"{USER_UID} {SANDBOX_HOST_UID} 1\n"
+            Path(f"/proc/{maker.pid}/uid_map").write_text(ids)
+            Path(f"/proc/{maker.pid}/setgroups").write_text("deny")
+            Path(f"/proc/{maker.pid}/gid_map").write_text(ids)
+            fd = os.open(f"/proc/{maker.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        fd = None
+    finally:
+        maker.communicate(timeout=10)  # its stdin closed: it exits
+    if fd is None:
+        return None
+    check = [bwrap, "--userns", str(fd), *_UNSHARE, "--uid", str(USER_UID), "--gid",
+             str(USER_UID), "--ro-bind", "/", "/", "--", "/bin/sh", "-c", "exit 0"]  # fmt: skip
+    try:
+        done = subprocess.run(check, pass_fds=(fd,), capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        done = None
+    if done is None or done.returncode != 0:
+        os.close(fd)
+        return None
+    return fd
 
 
 def hidden_defaults(*roots: Path) -> tuple[str, ...]:

@@ -195,8 +195,9 @@ class ManagedProcess:
         """Spawn the process in the sandbox's ``freezer`` (and namespaces, with a ``plan``)
         and start capturing its output."""
         # InvalidArgument (a bad cwd or user) before anything starts.
+        pass_fds: tuple[int, ...] = ()
         if plan is not None:
-            wrap, own_env, cwd = plan.wrap(self.spec.user, self.spec.cwd)
+            wrap, own_env, cwd, pass_fds = plan.wrap(self.spec.user, self.spec.cwd)
         else:
             cwd = self._cwd(workdir)
             run_as = resolve_user(self.spec.user)
@@ -215,7 +216,7 @@ class ManagedProcess:
         argv = prefix + wrap + self.spec.command_line()
         check_exec_size(argv, env, argv_field="argv" if self.spec.argv is not None else "cmd")
         with freezer.launching(self.launch):
-            child, pty_reader = await self._spawn(argv, cwd, env)
+            child, pty_reader = await self._spawn(argv, cwd, env, pass_fds)
             self._child = child
             if self._stdin_pipe is not None and not self._stdin_pipe.is_closing():
                 # Paused while anything is buffered, resumed once it all went to the child.
@@ -237,7 +238,7 @@ class ManagedProcess:
             self._own(self._deadline(self.spec.timeout))
 
     async def _spawn(
-        self, argv: list[str], cwd: str, env: dict[str, str]
+        self, argv: list[str], cwd: str, env: dict[str, str], pass_fds: tuple[int, ...]
     ) -> tuple[Child, PtyReader | None]:
         """Spawn ``argv`` on pipes or a pty; a request's fault is InvalidArgument, and
         running out of descriptors a typed 503."""
@@ -249,7 +250,9 @@ class ManagedProcess:
             if self.spec.pty:
                 master, slave = pty.openpty()
                 try:
-                    child = await spawn(argv, cwd=cwd, env=env, owner=self, terminal=slave)
+                    child = await spawn(
+                        argv, cwd=cwd, env=env, owner=self, terminal=slave, pass_fds=pass_fds
+                    )
                 except BaseException:
                     os.close(master)
                     raise
@@ -264,7 +267,7 @@ class ManagedProcess:
                 # Input buffered without blocking the loop, bounded like a pipe's.
                 self._stdin_pipe = PtyInput(self, master)
             else:
-                child = await spawn(argv, cwd=cwd, env=env, owner=self)
+                child = await spawn(argv, cwd=cwd, env=env, owner=self, pass_fds=pass_fds)
                 self._stdin_pipe = child.stdin
         except OSError as exc:
             if exc.errno in (errno.EMFILE, errno.ENFILE):

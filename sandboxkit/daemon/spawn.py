@@ -147,6 +147,7 @@ async def spawn(
     env: Mapping[str, str],
     owner: Owner,
     terminal: int | None = None,
+    pass_fds: Sequence[int] = (),
 ) -> Child:
     """Start ``argv`` in a session of its own, its output going to ``owner``: on pipes,
     or on the pty slave ``terminal`` (then the caller reads the master). ``OSError`` if
@@ -164,7 +165,7 @@ async def spawn(
             cwd=cwd,
             env=env,
             start_new_session=True,
-            bufsize=0,
+            pass_fds=pass_fds,
         )
     except BaseException:
         if pipes is not None:
