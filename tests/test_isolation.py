@@ -369,6 +369,9 @@ async def test_a_root_daemons_launches_join_one_user_namespace_as_nobody(host: H
     sandbox = await host.create_sandbox(isolation="namespaces")
     script = (
         "grep -E '^(Uid|CapEff):' /proc/self/status; "
+        # bwrap passes the namespace's descriptor on; joining it takes a capability there
+        "for f in /proc/self/fd/*; do case $(readlink $f) in user:*) "
+        "nsenter --user=$f true 2>/dev/null && echo JOINED || echo join-refused;; esac; done; "
         "cat /etc/shadow >/dev/null 2>&1 || echo shadow-refused; exec sleep 30"
     )
     first = await sandbox.start_process(ProcessSpec(cmd=script))
@@ -376,6 +379,7 @@ async def test_a_root_daemons_launches_join_one_user_namespace_as_nobody(host: H
     words = _said(first).split()
     assert words[:6] == ["Uid:", "1000", "1000", "1000", "1000", "CapEff:"]
     assert int(words[6], 16) == 0
+    assert "join-refused" in words and "JOINED" not in words
     second = await sandbox.start_process(ProcessSpec(cmd="exec sleep 30"))
     root = await sandbox.start_process(ProcessSpec(cmd="exec sleep 30", user="root"))
     spaces = [await poll(lambda p=p: _user_namespace(p.pid)) for p in (first, second, root)]
