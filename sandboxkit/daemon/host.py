@@ -19,12 +19,14 @@ from sandboxkit.daemon.freezer import CgroupFreezer, Freezer, daemon_cgroup_for,
 from sandboxkit.daemon.isolation import (
     SANDBOX_HOST_UID,
     NamespacePlan,
+    UserNamespace,
+    UserNamespaces,
     drop_prefix,
     hidden_defaults,
     host_mounts,
     probe,
     resolve_mode,
-    shared_userns,
+    userns_joins,
     write_accounts,
 )
 from sandboxkit.daemon.launch import shell_ulimit
@@ -82,6 +84,8 @@ class Host:
         self._runtime_lock = claim_root(self.runtime_root, None)
         self._housekeeper: asyncio.Task[None] | None = None
         self._streams: set[asyncio.Task[None]] = set()
+        self.user_namespaces = UserNamespaces()
+        """A root daemon's isolated sandboxes' user namespaces, made ahead."""
         self.closing = False
 
     async def __aenter__(self) -> Host:
@@ -102,7 +106,8 @@ class Host:
             if probe().available:  # what every namespaced launch mounts (isolation.py)
                 hide = hidden_defaults(self.root, self.runtime_root)
                 await asyncio.to_thread(host_mounts, hide, bool(drop_prefix()))
-                await asyncio.to_thread(shared_userns)
+                await asyncio.to_thread(userns_joins)
+                self.user_namespaces.fill()
             try:
                 reports = await asyncio.to_thread(recover)
             except Exception as exc:  # best effort: never keep the daemon from serving
@@ -132,6 +137,7 @@ class Host:
         )
         for sandbox in self.sandboxes.values():
             await sandbox.release()
+        await self.user_namespaces.close()
         if self._own_root:
             shutil.rmtree(self.root, ignore_errors=True)
         if self._root_lock is not None:
@@ -173,11 +179,13 @@ class Host:
         workdir.mkdir()
         tree: Freezer | None = None
         enforcer: LimitEnforcer | None = None
+        userns: UserNamespace | None = None
         try:
             tmpdir.mkdir(mode=0o700)
             plan = None
             if mode == "namespaces":
-                plan = self._plan(sandbox_id, workdir, tmpdir, allow_internet_access)
+                userns = await self.user_namespaces.take()
+                plan = self._plan(sandbox_id, workdir, tmpdir, allow_internet_access, userns)
             tree = make_freezer(sandbox_id, self.config.freezer)
             if limits is not None and limits.given():
                 cgroup = tree.path if isinstance(tree, CgroupFreezer) else None
@@ -206,6 +214,8 @@ class Host:
                 tree.close()
             if enforcer is not None:
                 enforcer.close()
+            if userns is not None:
+                userns.close()
             shutil.rmtree(workdir, ignore_errors=True)
             shutil.rmtree(tmpdir, ignore_errors=True)
             raise
@@ -215,7 +225,14 @@ class Host:
         )
         return sandbox
 
-    def _plan(self, sandbox_id: str, workdir: Path, tmpdir: Path, internet: bool) -> NamespacePlan:
+    def _plan(
+        self,
+        sandbox_id: str,
+        workdir: Path,
+        tmpdir: Path,
+        internet: bool,
+        userns: UserNamespace | None,
+    ) -> NamespacePlan:
         """The namespaces of a new isolated sandbox. A root daemon's sandboxed processes
         run as :data:`SANDBOX_HOST_UID`: their two directories become that account's, and
         the root only lets it through to them (0711: no listing)."""
@@ -237,7 +254,7 @@ class Host:
             hostname=sandbox_id,
             bwrap=bwrap,
             prefix=drop_prefix(),
-            userns=shared_userns(),
+            userns=userns,
         )
 
     def isolation_support(self) -> dict[str, Any]:

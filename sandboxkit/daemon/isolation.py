@@ -29,16 +29,19 @@ the host's network. Without it each process has its own loopback (documented).
 A root daemon never runs sandboxed code as host root: inside a user namespace a process
 whose host uid is 0 still passes owner permission checks on root's files (``/etc/shadow``
 is root's), so processes run as :data:`SANDBOX_HOST_UID` (``nobody``), and the sandbox's
-directories are given to that account. The daemon makes one user namespace in which
-``user`` *is* ``nobody`` (:func:`shared_userns`), and each launch's bwrap joins it
-(``--userns``), as it does the rest: its other namespaces are still the launch's own, and
-bwrap drops every capability before the command runs. A launch as ``root`` inside, or
-where that namespace cannot be made, drops to ``nobody`` with ``setpriv`` first and has
-bwrap make a user namespace of its own: one exec (1.1 ms) more.
+directories are given to that account. Each sandbox gets a user namespace in which
+``user`` *is* ``nobody`` (:class:`UserNamespaces`, made ahead), and each of its launches'
+bwrap joins it (``--userns``): its other namespaces are still the launch's own, and bwrap
+drops every capability before the command runs. One per sandbox, not one per daemon:
+what a user namespace holds per user (the ``@u`` keyring) is then not shared between
+sandboxes. A launch as ``root`` inside, or where no namespace is ready, drops to
+``nobody`` with ``setpriv`` first and has bwrap make a user namespace of its own: one
+exec (1.1 ms) more.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
 import shutil
@@ -61,13 +64,16 @@ __all__ = [
     "IsolationMode",
     "NamespacePlan",
     "Probe",
+    "UserNamespace",
+    "UserNamespaces",
     "Wrapped",
     "drop_prefix",
     "hidden_defaults",
     "host_mounts",
+    "make_userns",
     "probe",
     "resolve_mode",
-    "shared_userns",
+    "userns_joins",
     "write_accounts",
 ]
 
@@ -201,9 +207,9 @@ class NamespacePlan:
     prefix: tuple[str, ...] = ()
     """Run before bwrap (after the cgroup and limits wrapper): for a root daemon, the
     drop to :data:`SANDBOX_HOST_UID`."""
-    userns: int | None = None
-    """For a root daemon, the user namespace a launch as ``user`` joins instead (see
-    :func:`shared_userns`): then no ``prefix`` and no user namespace of its own."""
+    userns: UserNamespace | None = None
+    """For a root daemon, the sandbox's user namespace, which a launch as ``user`` joins
+    (see :class:`UserNamespaces`): then no ``prefix``, and no user namespace of its own."""
 
     def wrap(self, user: str | None, cwd: str | None) -> Wrapped:
         """For one launch: the argv to put before the command, the base environment, the
@@ -213,9 +219,10 @@ class NamespacePlan:
         account = _account(user)
         inside, backing = self.inside_path(cwd)
         cwd_host = str(backing or self.home)
-        if account == "user" and self.userns is not None:
-            argv = [*self._head(("--userns", str(self.userns))), *self.argv(inside, account)]
-            return Wrapped(argv, self.env(account), cwd_host, (self.userns,))
+        joined = self.userns.fd if self.userns is not None else None
+        if account == "user" and joined is not None:
+            argv = [*self._head(("--userns", str(joined))), *self.argv(inside, account)]
+            return Wrapped(argv, self.env(account), cwd_host, (joined,))
         argv = [*self.prefix, *self._head(("--unshare-user",)), *self.argv(inside, account)]
         return Wrapped(argv, self.env(account), cwd_host, ())
 
@@ -337,21 +344,15 @@ def drop_prefix() -> tuple[str, ...]:
     return (sys.executable, "-I", "-S", "-c", drop)
 
 
-@functools.cache
-def shared_userns() -> int | None:
-    """For a root daemon, a user namespace in which uid and gid :data:`USER_UID` are the
-    host's :data:`SANDBOX_HOST_UID` and nothing else is mapped, made once (a few ms) and
-    held by the descriptor returned; ``None`` for any other daemon, or where it cannot be
-    made or bubblewrap does not join it (then each launch drops with ``setpriv`` first).
+def make_userns() -> int | None:
+    """For a root daemon: a new user namespace in which uid and gid :data:`USER_UID` are
+    the host's :data:`SANDBOX_HOST_UID` and nothing else is mapped, held by the
+    descriptor returned (None where it cannot be made: not root, no ``unshare``).
 
     Made by ``unshare --user`` (util-linux, as ``setpriv`` is), whose maps the daemon
-    writes as root; it exits once the namespace's descriptor is open. A launch that joins
-    it gets no capability in it: bwrap makes the launch's other namespaces while it holds
-    them, and drops every one before the command runs, which runs as ``user``."""
+    writes as root, and which exits once the namespace's descriptor is open (a few ms:
+    :class:`UserNamespaces` makes them ahead)."""
     if os.geteuid() != 0 or (unshare := shutil.which("unshare")) is None:
-        return None
-    bwrap = probe().bwrap
-    if bwrap is None:
         return None
     try:
         maker = subprocess.Popen(
@@ -375,18 +376,89 @@ def shared_userns() -> int | None:
         fd = None
     finally:
         maker.communicate(timeout=10)  # its stdin closed: it exits
-    if fd is None:
-        return None
+    return fd
+
+
+@functools.cache
+def userns_joins() -> bool:
+    """Whether this (root) daemon's launches can join a user namespace of
+    :func:`make_userns`'s: one is made and bubblewrap run in it, once per daemon."""
+    bwrap = probe().bwrap
+    fd = make_userns() if bwrap is not None else None
+    if bwrap is None or fd is None:
+        return False
     check = [bwrap, "--userns", str(fd), *_UNSHARE, "--uid", str(USER_UID), "--gid",
              str(USER_UID), "--ro-bind", "/", "/", "--", "/bin/sh", "-c", "exit 0"]  # fmt: skip
     try:
         done = subprocess.run(check, pass_fds=(fd,), capture_output=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
-        done = None
-    if done is None or done.returncode != 0:
+        return False
+    finally:
         os.close(fd)
-        return None
-    return fd
+    return done.returncode == 0
+
+
+class UserNamespace:
+    """One sandbox's user namespace (a descriptor), closed when the sandbox ends."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd: int | None = fd
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+class UserNamespaces:
+    """A root daemon's user namespaces, made ahead: each isolated sandbox takes one for
+    all its launches as ``user`` (see the module's docstring). Making one takes a few
+    milliseconds, so ``spares`` are kept ready, made in a thread by a task this owns."""
+
+    def __init__(self, spares: int = 2) -> None:
+        self._spares = spares
+        self._ready: list[int] = []
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    async def take(self) -> UserNamespace | None:
+        """A namespace for a new sandbox: a ready one, or the one being made (a few ms);
+        None where none can be had (the sandbox's launches then drop to ``nobody`` with
+        ``setpriv``). Starts making the next."""
+        if not self._ready:
+            self.fill()
+            if self._task is not None:
+                await asyncio.shield(self._task)
+        taken = UserNamespace(self._ready.pop()) if self._ready else None
+        self.fill()
+        return taken
+
+    def fill(self) -> None:
+        """Make spares in the background, where namespaces can be had (call on the loop
+        after :func:`userns_joins` was asked once, off it)."""
+        busy = self._task is not None and not self._task.done()
+        if self._closed or busy or len(self._ready) >= self._spares or not userns_joins():
+            return
+        self._task = asyncio.get_running_loop().create_task(self._make())
+
+    async def _make(self) -> None:
+        while not self._closed and len(self._ready) < self._spares:
+            fd = await asyncio.to_thread(make_userns)
+            if fd is None:
+                return
+            if self._closed:
+                os.close(fd)
+                return
+            self._ready.append(fd)
+
+    async def close(self) -> None:
+        """Close the spares (after the one being made, if any: a thread is not cancelled)."""
+        self._closed = True
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+        for fd in self._ready:
+            os.close(fd)
+        self._ready.clear()
 
 
 def hidden_defaults(*roots: Path) -> tuple[str, ...]:
