@@ -26,7 +26,6 @@ from sandboxkit.daemon.isolation import (
     host_mounts,
     probe,
     resolve_mode,
-    userns_joins,
     write_accounts,
 )
 from sandboxkit.daemon.launch import shell_ulimit
@@ -106,8 +105,6 @@ class Host:
             if probe().available:  # what every namespaced launch mounts (isolation.py)
                 hide = hidden_defaults(self.root, self.runtime_root)
                 await asyncio.to_thread(host_mounts, hide, bool(drop_prefix()))
-                await asyncio.to_thread(userns_joins)
-                self.user_namespaces.fill()
             try:
                 reports = await asyncio.to_thread(recover)
             except Exception as exc:  # best effort: never keep the daemon from serving

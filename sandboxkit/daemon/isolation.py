@@ -413,31 +413,33 @@ class UserNamespace:
 class UserNamespaces:
     """A root daemon's user namespaces, made ahead: each isolated sandbox takes one for
     all its launches as ``user`` (see the module's docstring). Making one takes a few
-    milliseconds, so ``spares`` are kept ready, made in a thread by a task this owns."""
+    milliseconds, so once the first is asked for, ``spares`` are kept ready, made in a
+    thread by a task this owns."""
 
     def __init__(self, spares: int = 2) -> None:
         self._spares = spares
         self._ready: list[int] = []
         self._task: asyncio.Task[None] | None = None
+        self._joins: bool | None = None
         self._closed = False
 
     async def take(self) -> UserNamespace | None:
         """A namespace for a new sandbox: a ready one, or the one being made (a few ms);
         None where none can be had (the sandbox's launches then drop to ``nobody`` with
         ``setpriv``). Starts making the next."""
+        if self._joins is None:  # asked once, off the loop: it runs bwrap
+            self._joins = await asyncio.to_thread(userns_joins)
         if not self._ready:
-            self.fill()
+            self._fill()
             if self._task is not None:
                 await asyncio.shield(self._task)
         taken = UserNamespace(self._ready.pop()) if self._ready else None
-        self.fill()
+        self._fill()
         return taken
 
-    def fill(self) -> None:
-        """Make spares in the background, where namespaces can be had (call on the loop
-        after :func:`userns_joins` was asked once, off it)."""
+    def _fill(self) -> None:
         busy = self._task is not None and not self._task.done()
-        if self._closed or busy or len(self._ready) >= self._spares or not userns_joins():
+        if self._closed or busy or not self._joins or len(self._ready) >= self._spares:
             return
         self._task = asyncio.get_running_loop().create_task(self._make())
 
