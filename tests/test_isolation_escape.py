@@ -6,7 +6,9 @@ that is how most people run it. docs/isolation.md has the table of attempts."""
 
 from __future__ import annotations
 
+import errno
 import os
+import platform
 import shlex
 import time
 from collections.abc import Iterator
@@ -21,6 +23,7 @@ from unprivileged import can_run_unprivileged, served_unprivileged
 from sandboxkit import CommandExitError, Sandbox
 from sandboxkit.client.sync import CommandHandle
 from sandboxkit.daemon.isolation import probe
+from sandboxkit.daemon.seccomp import KEYRING_CALLS
 
 pytestmark = [
     pytest.mark.skipif(
@@ -163,6 +166,23 @@ def test_the_daemon_and_the_neighbour_cannot_be_signalled_or_traced(scene: Scene
             assert line.split()[1] == "-1", line  # ESRCH: not in its PID namespace
     # The attacker's namespace has only its own processes.
     assert int(scene.run("ls /proc | grep -c '^[0-9]'").strip()) < 10
+
+
+@pytest.mark.skipif(platform.machine() not in KEYRING_CALLS, reason="numbers not known here")
+def test_the_kernels_keyrings_are_refused(scene: Scene) -> None:
+    """A root daemon's sandboxes share one user namespace, which keeps a keyring per user:
+    a key one added, another could read. Every isolated process is refused the keyring
+    calls (EPERM), as under Docker and Flatpak."""
+    add_key, request_key, keyctl = next(iter(KEYRING_CALLS[platform.machine()].values()))
+    perl = (
+        'my ($t, $d, $p) = ("user", "k", "secret");'
+        f'print syscall({add_key}, $t, $d, $p, 6, -4) < 0 ? $!+0 : "added", "\\n";'
+        f'print syscall({keyctl}, 0, -4, 0) < 0 ? $!+0 : "id", "\\n";'
+        f'print syscall({request_key}, $t, $d, 0, 0) < 0 ? $!+0 : "found", "\\n";'
+    )
+    for sandbox in (scene.attacker, scene.neighbour):
+        said = sandbox.commands.run(f"perl -e {shlex.quote(perl)}").stdout.split()
+        assert said == [str(errno.EPERM)] * 3
 
 
 def test_with_internet_off_the_daemons_port_is_unreachable(daemon: Served) -> None:

@@ -61,7 +61,9 @@ async def start_stream(
         if not first or first[0].kind is not FrameKind.START or "pid" not in first[0].meta:
             raise MalformedFrame("a started process's stream did not begin with its start frame")
         pid = int(first[0].meta["pid"])
-        opened = Opened(stack.pop_all(), _again(first, batches))
+        again = _again(first, batches)
+        stack.push_async_callback(again.aclose)
+        opened = Opened(stack.pop_all(), again)
     return ProcessStream(api, sandbox_id, pid, 0, options, opened=opened)
 
 

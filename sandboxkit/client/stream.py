@@ -386,9 +386,9 @@ class ProcessStream:
     async def _attach_once(self) -> None:
         opened, self._opened = self._opened, None
         if opened is not None:  # the start request's own (see client/start_stream.py)
-            async with opened.stack, contextlib.aclosing(opened.batches) as batches:
+            async with opened.stack:
                 self.stats.attaches += 1
-                await self._read(batches)
+                await self._read(opened.batches)
             return
         path = f"/sandboxes/{self.sandbox_id}/processes/{self.pid}/stream"
         async with contextlib.AsyncExitStack() as stack:
@@ -397,18 +397,15 @@ class ProcessStream:
             )
             try:
                 # Not asyncio.wait_for: before 3.12 it swallows a cancellation that arrives
-                # as the awaited frame completes, so disconnect() could hang forever.
-                # Bounded like any silence once the keepalive interval is known: a frozen
-                # daemon's kernel still accepts the connection, and nobody answers.
+                # as the awaited frame completes (disconnect() could hang forever). Bounded
+                # as any silence: a frozen daemon's kernel still accepts the connection.
                 frames: FrameStream = await within(opening, self.watchdog_bound)
             except TimeoutError:
                 raise _Silent() from None
             self.stats.attaches += 1
-            # Borrowed: a payload is a view into the receive buffer until the next batch;
-            # _deliver copies it only for what keeps it (a bytes callback, keep_output).
-            batches = await stack.enter_async_context(
-                contextlib.aclosing(frames.batches(borrow=True))
-            )
+            # Borrowed (payloads are views into the receive buffer until the next batch:
+            # _deliver copies only what keeps them); closed before the connection goes.
+            stack.push_async_callback((batches := frames.batches(borrow=True)).aclose)
             await self._read(batches)
 
     async def _read(self, batches: AsyncIterator[list[Frame]]) -> None:

@@ -19,8 +19,6 @@ from sandboxkit.daemon.freezer import CgroupFreezer, Freezer, daemon_cgroup_for,
 from sandboxkit.daemon.isolation import (
     SANDBOX_HOST_UID,
     NamespacePlan,
-    UserNamespace,
-    UserNamespaces,
     drop_prefix,
     hidden_defaults,
     host_mounts,
@@ -34,6 +32,7 @@ from sandboxkit.daemon.process import ManagedProcess
 from sandboxkit.daemon.recovery import ROOT_PREFIX, RootLock, claim_root, recover
 from sandboxkit.daemon.sandbox import ManagedSandbox, OnTimeout
 from sandboxkit.daemon.segment_store import remove_tree
+from sandboxkit.daemon.userns import DaemonUserns
 from sandboxkit.errors import InvalidArgument, SandboxNotFound, SandboxPaused, WorkdirMissing
 from sandboxkit.lab_options import LabOptions
 from sandboxkit.limits import Limits
@@ -83,8 +82,8 @@ class Host:
         self._runtime_lock = claim_root(self.runtime_root, None)
         self._housekeeper: asyncio.Task[None] | None = None
         self._streams: set[asyncio.Task[None]] = set()
-        self.user_namespaces = UserNamespaces()
-        """A root daemon's isolated sandboxes' user namespaces, made ahead."""
+        self.userns = DaemonUserns()
+        """The user namespace a root daemon's isolated launches join."""
         self.closing = False
 
     async def __aenter__(self) -> Host:
@@ -134,7 +133,7 @@ class Host:
         )
         for sandbox in self.sandboxes.values():
             await sandbox.release()
-        await self.user_namespaces.close()
+        await self.userns.close()
         if self._own_root:
             shutil.rmtree(self.root, ignore_errors=True)
         if self._root_lock is not None:
@@ -176,12 +175,11 @@ class Host:
         workdir.mkdir()
         tree: Freezer | None = None
         enforcer: LimitEnforcer | None = None
-        userns: UserNamespace | None = None
         try:
             tmpdir.mkdir(mode=0o700)
             plan = None
             if mode == "namespaces":
-                userns = await self.user_namespaces.take()
+                userns = await self.userns.get()
                 plan = self._plan(sandbox_id, workdir, tmpdir, allow_internet_access, userns)
             tree = make_freezer(sandbox_id, self.config.freezer)
             if limits is not None and limits.given():
@@ -211,8 +209,6 @@ class Host:
                 tree.close()
             if enforcer is not None:
                 enforcer.close()
-            if userns is not None:
-                userns.close()
             shutil.rmtree(workdir, ignore_errors=True)
             shutil.rmtree(tmpdir, ignore_errors=True)
             raise
@@ -228,7 +224,7 @@ class Host:
         workdir: Path,
         tmpdir: Path,
         internet: bool,
-        userns: UserNamespace | None,
+        userns: int | None,
     ) -> NamespacePlan:
         """The namespaces of a new isolated sandbox. A root daemon's sandboxed processes
         run as :data:`SANDBOX_HOST_UID`: their two directories become that account's, and

@@ -29,19 +29,18 @@ the host's network. Without it each process has its own loopback (documented).
 A root daemon never runs sandboxed code as host root: inside a user namespace a process
 whose host uid is 0 still passes owner permission checks on root's files (``/etc/shadow``
 is root's), so processes run as :data:`SANDBOX_HOST_UID` (``nobody``), and the sandbox's
-directories are given to that account. Each sandbox gets a user namespace in which
-``user`` *is* ``nobody`` (:class:`UserNamespaces`, made ahead), and each of its launches'
-bwrap joins it (``--userns``): its other namespaces are still the launch's own, and bwrap
-drops every capability before the command runs. One per sandbox, not one per daemon:
-what a user namespace holds per user (the ``@u`` keyring) is then not shared between
-sandboxes. A launch as ``root`` inside, or where no namespace is ready, drops to
-``nobody`` with ``setpriv`` first and has bwrap make a user namespace of its own: one
-exec (1.1 ms) more.
+directories are given to that account. The daemon makes one user namespace in which
+``user`` *is* ``nobody`` (:mod:`~sandboxkit.daemon.userns`), and each launch's bwrap
+joins it (``--userns``): its other namespaces are still the launch's own, and bwrap
+drops every capability before the command runs. What a user namespace keeps per user
+and sandboxes could then share, the kernel's keyrings, every isolated process is refused
+(:mod:`~sandboxkit.daemon.seccomp`). A launch as ``root`` inside, or where that namespace
+cannot be made, drops to ``nobody`` with ``setpriv`` first and has bwrap make a user
+namespace of its own: one exec (1.1 ms) more.
 """
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import os
 import shutil
@@ -53,6 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal, NamedTuple
 
+from sandboxkit.daemon.seccomp import filter_pipe, keyring_filter
 from sandboxkit.errors import InvalidArgument, IsolationUnavailable
 
 __all__ = [
@@ -64,16 +64,12 @@ __all__ = [
     "IsolationMode",
     "NamespacePlan",
     "Probe",
-    "UserNamespace",
-    "UserNamespaces",
     "Wrapped",
     "drop_prefix",
     "hidden_defaults",
     "host_mounts",
-    "make_userns",
     "probe",
     "resolve_mode",
-    "userns_joins",
     "write_accounts",
 ]
 
@@ -186,6 +182,13 @@ class Wrapped(NamedTuple):
     env: dict[str, str]
     cwd: str
     pass_fds: tuple[int, ...]
+    own_fds: tuple[int, ...]
+    """The launch's own descriptors among ``pass_fds`` (its seccomp filter's pipe)."""
+
+    def close(self) -> None:
+        """Close the launch's own descriptors (bwrap has its copies once spawned)."""
+        for fd in self.own_fds:
+            os.close(fd)
 
 
 @dataclass(frozen=True)
@@ -207,24 +210,33 @@ class NamespacePlan:
     prefix: tuple[str, ...] = ()
     """Run before bwrap (after the cgroup and limits wrapper): for a root daemon, the
     drop to :data:`SANDBOX_HOST_UID`."""
-    userns: UserNamespace | None = None
-    """For a root daemon, the sandbox's user namespace, which a launch as ``user`` joins
-    (see :class:`UserNamespaces`): then no ``prefix``, and no user namespace of its own."""
+    userns: int | None = None
+    """For a root daemon, the user namespace a launch as ``user`` joins (see
+    :mod:`~sandboxkit.daemon.userns`): then no ``prefix``, and no user namespace of its
+    own."""
 
     def wrap(self, user: str | None, cwd: str | None) -> Wrapped:
         """For one launch: the argv to put before the command, the base environment, the
-        host directory to start bwrap in and the descriptors it must inherit. ``user`` is
-        ``user`` (the default) or ``root`` (root inside the namespace only);
-        InvalidArgument for any other."""
+        host directory to start bwrap in and the descriptors it must inherit (close the
+        launch's own with :meth:`Wrapped.close` once it is spawned). ``user`` is ``user``
+        (the default) or ``root`` (root inside the namespace only); InvalidArgument for
+        any other."""
         account = _account(user)
         inside, backing = self.inside_path(cwd)
+        env = self.env(account)
         cwd_host = str(backing or self.home)
-        joined = self.userns.fd if self.userns is not None else None
-        if account == "user" and joined is not None:
-            argv = [*self._head(("--userns", str(joined))), *self.argv(inside, account)]
-            return Wrapped(argv, self.env(account), cwd_host, (joined,))
-        argv = [*self.prefix, *self._head(("--unshare-user",)), *self.argv(inside, account)]
-        return Wrapped(argv, self.env(account), cwd_host, ())
+        head: tuple[str, ...] = self.prefix
+        options, inherited = ["--unshare-user"], []
+        if account == "user" and self.userns is not None:
+            # As nobody already (see sandboxkit/daemon/userns.py): no drop before bwrap.
+            head, options, inherited = (), ["--userns", str(self.userns)], [self.userns]
+        own: tuple[int, ...] = ()
+        program = keyring_filter()
+        if program is not None:
+            own = (filter_pipe(program),)
+            options += ["--seccomp", str(own[0])]
+        argv = [*head, *self._head(options), *self.argv(inside, account)]
+        return Wrapped(argv, env, cwd_host, (*inherited, *own), own)
 
     def inside_path(self, cwd: str | None) -> tuple[str, Path | None]:
         """``cwd`` as the process sees it, and the host directory that backs it (``None``
@@ -256,10 +268,11 @@ class NamespacePlan:
         env.update(HOME=home, USER=user, LOGNAME=user, TMPDIR=TMP)
         return env
 
-    def _head(self, user_namespace: tuple[str, ...]) -> list[str]:
-        """``bwrap`` and the namespaces it makes (or joins: ``user_namespace``)."""
+    def _head(self, options: list[str]) -> list[str]:
+        """``bwrap``, its user namespace and filter (``options``) and the namespaces it
+        makes."""
         net = () if self.internet else ("--unshare-net",)
-        return [self.bwrap, *user_namespace, *_UNSHARE, *net]
+        return [self.bwrap, *options, *_UNSHARE, *net]
 
     def argv(self, cwd_inside: str, user: str) -> list[str]:
         """``bwrap``'s options after its namespaces, ending in ``--``: put the command's
@@ -342,125 +355,6 @@ def drop_prefix() -> tuple[str, ...]:
         "os.execvp(sys.argv[1],sys.argv[1:])"
     )
     return (sys.executable, "-I", "-S", "-c", drop)
-
-
-def make_userns() -> int | None:
-    """For a root daemon: a new user namespace in which uid and gid :data:`USER_UID` are
-    the host's :data:`SANDBOX_HOST_UID` and nothing else is mapped, held by the
-    descriptor returned (None where it cannot be made: not root, no ``unshare``).
-
-    Made by ``unshare --user`` (util-linux, as ``setpriv`` is), whose maps the daemon
-    writes as root, and which exits once the namespace's descriptor is open (a few ms:
-    :class:`UserNamespaces` makes them ahead)."""
-    if os.geteuid() != 0 or (unshare := shutil.which("unshare")) is None:
-        return None
-    try:
-        maker = subprocess.Popen(
-            [unshare, "--user", "/bin/sh", "-c", "echo; read done"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-        )
-    except OSError:
-        return None
-    fd: int | None = None
-    try:
-        assert maker.stdin is not None and maker.stdout is not None
-        if maker.stdout.readline() == b"\n":  # it runs in its new user namespace
-            ids = f"{USER_UID} {SANDBOX_HOST_UID} 1\n"
-            Path(f"/proc/{maker.pid}/uid_map").write_text(ids)
-            Path(f"/proc/{maker.pid}/setgroups").write_text("deny")
-            Path(f"/proc/{maker.pid}/gid_map").write_text(ids)
-            fd = os.open(f"/proc/{maker.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        fd = None
-    finally:
-        maker.communicate(timeout=10)  # its stdin closed: it exits
-    return fd
-
-
-@functools.cache
-def userns_joins() -> bool:
-    """Whether this (root) daemon's launches can join a user namespace of
-    :func:`make_userns`'s: one is made and bubblewrap run in it, once per daemon."""
-    bwrap = probe().bwrap
-    fd = make_userns() if bwrap is not None else None
-    if bwrap is None or fd is None:
-        return False
-    check = [bwrap, "--userns", str(fd), *_UNSHARE, "--uid", str(USER_UID), "--gid",
-             str(USER_UID), "--ro-bind", "/", "/", "--", "/bin/sh", "-c", "exit 0"]  # fmt: skip
-    try:
-        done = subprocess.run(check, pass_fds=(fd,), capture_output=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    finally:
-        os.close(fd)
-    return done.returncode == 0
-
-
-class UserNamespace:
-    """One sandbox's user namespace (a descriptor), closed when the sandbox ends."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd: int | None = fd
-
-    def close(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
-
-
-class UserNamespaces:
-    """A root daemon's user namespaces, made ahead: each isolated sandbox takes one for
-    all its launches as ``user`` (see the module's docstring). Making one takes a few
-    milliseconds, so once the first is asked for, ``spares`` are kept ready, made in a
-    thread by a task this owns."""
-
-    def __init__(self, spares: int = 2) -> None:
-        self._spares = spares
-        self._ready: list[int] = []
-        self._task: asyncio.Task[None] | None = None
-        self._joins: bool | None = None
-        self._closed = False
-
-    async def take(self) -> UserNamespace | None:
-        """A namespace for a new sandbox: a ready one, or the one being made (a few ms);
-        None where none can be had (the sandbox's launches then drop to ``nobody`` with
-        ``setpriv``). Starts making the next."""
-        if self._joins is None:  # asked once, off the loop: it runs bwrap
-            self._joins = await asyncio.to_thread(userns_joins)
-        if not self._ready:
-            self._fill()
-            if self._task is not None:
-                await asyncio.shield(self._task)
-        taken = UserNamespace(self._ready.pop()) if self._ready else None
-        self._fill()
-        return taken
-
-    def _fill(self) -> None:
-        busy = self._task is not None and not self._task.done()
-        if self._closed or busy or not self._joins or len(self._ready) >= self._spares:
-            return
-        self._task = asyncio.get_running_loop().create_task(self._make())
-
-    async def _make(self) -> None:
-        while not self._closed and len(self._ready) < self._spares:
-            fd = await asyncio.to_thread(make_userns)
-            if fd is None:
-                return
-            if self._closed:
-                os.close(fd)
-                return
-            self._ready.append(fd)
-
-    async def close(self) -> None:
-        """Close the spares (after the one being made, if any: a thread is not cancelled)."""
-        self._closed = True
-        if self._task is not None:
-            await asyncio.gather(self._task, return_exceptions=True)
-        for fd in self._ready:
-            os.close(fd)
-        self._ready.clear()
 
 
 def hidden_defaults(*roots: Path) -> tuple[str, ...]:

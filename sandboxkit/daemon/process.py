@@ -196,39 +196,45 @@ class ManagedProcess:
         and start capturing its output."""
         # InvalidArgument (a bad cwd or user) before anything starts.
         pass_fds: tuple[int, ...] = ()
+        # What a launch opened for its bwrap (its seccomp filter's pipe) is closed once
+        # it is spawned, or refused.
+        spawned = contextlib.ExitStack()
         if plan is not None:
-            wrap, own_env, cwd, pass_fds = plan.wrap(self.spec.user, self.spec.cwd)
+            launch = plan.wrap(self.spec.user, self.spec.cwd)
+            spawned.callback(launch.close)
+            wrap, own_env, cwd, pass_fds = launch.argv, launch.env, launch.cwd, launch.pass_fds
         else:
             cwd = self._cwd(workdir)
             run_as = resolve_user(self.spec.user)
             own_env = {**os.environ, **(run_as.env() if run_as is not None else {})}
             wrap = run_as.argv_prefix() if run_as is not None else []
-        self.isolated = plan is not None
-        # The owner mark last: a request cannot claim another sandbox's processes.
-        env = {**own_env, **base_env, **self.spec.envs, **freezer.launch_env(self.launch)}
-        self._limits = limits
-        # With limits, one wrapper joins every cgroup and sets the rlimits (one exec).
-        prefix = (
-            limits.launch_prefix(freezer.cgroup_joins())
-            if limits is not None
-            else freezer.launch_prefix()
-        )
-        argv = prefix + wrap + self.spec.command_line()
-        check_exec_size(argv, env, argv_field="argv" if self.spec.argv is not None else "cmd")
-        with freezer.launching(self.launch):
-            child, pty_reader = await self._spawn(argv, cwd, env, pass_fds)
-            self._child = child
-            if self._stdin_pipe is not None and not self._stdin_pipe.is_closing():
-                # Paused while anything is buffered, resumed once it all went to the child.
-                self._stdin_pipe.set_write_buffer_limits(high=0, low=0)
-            self.pid = child.pid
-            self._stdin.pid = self.pid
-            # Off the event loop: the first pid written into a new cgroup takes 9-13 ms
-            # (the kernel's cgroup migration), during which every stream of the daemon
-            # would wait. Also where the wrapper joins by itself: left to the wrapper
-            # alone, a namespaced sandbox's first command took about 4 ms longer
-            # (benchmarks/isolation.py).
-            await asyncio.to_thread(freezer.add, self.pid, self.launch, contained=self.isolated)
+        with spawned:
+            self.isolated = plan is not None
+            # The owner mark last: a request cannot claim another sandbox's processes.
+            env = {**own_env, **base_env, **self.spec.envs, **freezer.launch_env(self.launch)}
+            self._limits = limits
+            # With limits, one wrapper joins every cgroup and sets the rlimits (one exec).
+            prefix = (
+                limits.launch_prefix(freezer.cgroup_joins())
+                if limits is not None
+                else freezer.launch_prefix()
+            )
+            argv = prefix + wrap + self.spec.command_line()
+            check_exec_size(argv, env, argv_field="argv" if self.spec.argv is not None else "cmd")
+            with freezer.launching(self.launch):
+                child, pty_reader = await self._spawn(argv, cwd, env, pass_fds)
+                self._child = child
+                if self._stdin_pipe is not None and not self._stdin_pipe.is_closing():
+                    # Paused while anything is buffered, resumed once it all went to the child.
+                    self._stdin_pipe.set_write_buffer_limits(high=0, low=0)
+                self.pid = child.pid
+                self._stdin.pid = self.pid
+                # Off the event loop: the first pid written into a new cgroup takes 9-13 ms
+                # (the kernel's cgroup migration), during which every stream of the daemon
+                # would wait. Also where the wrapper joins by itself: left to the wrapper
+                # alone, a namespaced sandbox's first command took about 4 ms longer
+                # (benchmarks/isolation.py).
+                await asyncio.to_thread(freezer.add, self.pid, self.launch, contained=self.isolated)
         self._freezer = freezer
         self.started_at = time.time()
         if self.log.disk_error is not None:  # its directory could not even be made

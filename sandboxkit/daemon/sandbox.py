@@ -297,8 +297,6 @@ class ManagedSandbox:
             self.tree.close()
             if self.limits is not None:
                 self.limits.close()
-            if self.plan is not None and self.plan.userns is not None:
-                self.plan.userns.close()
             for directory in (self.workdir, self.tmpdir):
                 # Off the loop: the process may have left a large or very deep tree.
                 with contextlib.suppress(OSError, SandboxkitError):
