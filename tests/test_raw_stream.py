@@ -11,7 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sandboxkit.client.transport.frame_buffer import FrameBuffer
+from sandboxkit.client.transport import raw_stream
+from sandboxkit.client.transport.frame_buffer import READ_SIZE, FrameBuffer
 from sandboxkit.client.transport.raw import RawFrameStream
 from sandboxkit.client.transport.raw_stream import BadChunk, ChunkedBody, open_raw_stream
 from sandboxkit.errors import DaemonUnavailable, MalformedFrame, SandboxkitError
@@ -291,3 +292,14 @@ async def test_borrowed_payloads_hold_until_the_next_batch_even_for_a_slow_reade
                 await asyncio.sleep(0)  # sleep-ok: a slow reader, letting reads in
             got += [bytes(frame.payload) for frame in batch]  # still its own bytes
     assert got == payloads
+
+
+async def test_a_waiting_stream_reads_all_the_buffer_has_room_for_a_busy_one_a_bound() -> None:
+    # Waiting, the stream takes every byte at once: a read may take all the kernel holds
+    # (fewer reads per GB); busy (a slow callback), it reads at most _BUFFER ahead, so a
+    # stalled reader still shows as behind at the daemon.
+    reader = raw_stream._Reader()
+    reader._body = ChunkedBody()
+    assert len(reader.get_buffer(-1)) == raw_stream._BUFFER
+    reader._waiter = asyncio.get_running_loop().create_future()  # as _wait() sets it
+    assert len(reader.get_buffer(-1)) == len(reader._buffer.space()) == READ_SIZE

@@ -33,9 +33,6 @@ from sandboxkit.wire import Frame, FrameKind
 
 __all__ = ["ChunkedBody", "Lender", "RawStream", "open_raw_stream"]
 
-_READ = 256 * 1024
-"""Bytes taken from the socket per read at most while the stream waits for them (the
-daemon sends up to 256 KiB at a time)."""
 _BUFFER = 128 * 1024
 """While the stream is busy with frames it has (a slow callback), the reader takes at
 most this much more from the socket, then stops reading until the stream waits again:
@@ -201,8 +198,13 @@ class _Reader(asyncio.BufferedProtocol):
 
     def get_buffer(self, sizehint: int) -> memoryview:
         space = self._buffer.space()
-        waiting = self._waiter is not None  # the stream takes these bytes at once
-        room = _READ if waiting else max(_BUFFER - self._unread, _MIN_READ)
+        if self._waiter is not None:
+            # The stream takes these bytes at once: as many as there are room for, so
+            # that a read takes all the kernel holds (several of the daemon's sends, a
+            # frame and the start of the next) and a GB costs fewer reads, each a round
+            # of the event loop and of Python.
+            return space
+        room = max(_BUFFER - self._unread, _MIN_READ)
         return space if len(space) <= room else space[:room]
 
     def buffer_updated(self, nbytes: int) -> None:
