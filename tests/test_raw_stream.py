@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator
 
 import pytest
@@ -303,3 +304,60 @@ async def test_a_waiting_stream_reads_all_the_buffer_has_room_for_a_busy_one_a_b
     assert len(reader.get_buffer(-1)) == raw_stream._BUFFER
     reader._waiter = asyncio.get_running_loop().create_future()  # as _wait() sets it
     assert len(reader.get_buffer(-1)) == len(reader._buffer.space()) == READ_SIZE
+
+
+class _Socket:
+    """Records the receive buffer sizes a stream sets."""
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+
+    def setsockopt(self, level: int, option: int, value: int) -> None:
+        assert (level, option) == (socket.SOL_SOCKET, socket.SO_RCVBUF)
+        self.sizes.append(value)
+
+
+async def test_the_receive_buffer_grows_for_a_stream_that_keeps_up_and_shrinks_when_busy() -> None:
+    reader = raw_stream._Reader()
+    reader._body = ChunkedBody()
+    sock = _Socket()
+    reader.size_receive_buffer(sock)
+    assert sock.sizes == [raw_stream._RECEIVE_BUFFER]
+    loop = asyncio.get_running_loop()
+    frames = [encode_frame(FrameKind.DATA, {"seq": i}, bytes(65536)) for i in range(16)]
+    data = _chunked(frames, [], [])
+    sent = 0
+
+    def receive(size: int, waiting: bool) -> None:
+        nonlocal sent
+        reader._waiter = loop.create_future() if waiting else None  # as _wait() sets it
+        reader.get_buffer(-1)[:size] = data[sent : sent + size]
+        sent += size
+        reader.buffer_updated(size)
+        assert reader._error is None
+        reader._frames.clear()
+        reader._buffer.release()
+
+    receive(1000, waiting=True)  # the kernel held little: nothing to gain
+    assert sock.sizes == [raw_stream._RECEIVE_BUFFER]
+    receive(raw_stream._RECEIVE_BUFFER, waiting=True)  # as much as the buffer takes
+    assert sock.sizes[-1] == raw_stream._MAX_RECEIVE_BUFFER
+    receive(1000, waiting=False)  # bytes came while frames were handled: back at once
+    assert sock.sizes[-1] == raw_stream._RECEIVE_BUFFER
+    receive(100, waiting=False)
+    assert len(sock.sizes) == 3, "set only when it changes"
+
+
+async def test_a_fast_stream_reads_through_the_larger_receive_buffer() -> None:
+    payload = bytes(range(256)) * 1024
+    frames = [encode_frame(FrameKind.DATA, {"seq": i}, payload) for i in range(32)]
+    response = _HEAD + b"transfer-encoding: chunked\r\n\r\n" + _chunked(frames, [], [])
+    got: list[bytes] = []
+    async with _server([response]) as url, open_raw_stream(url, "/stream", {}, {}) as raw:
+        sock = raw._reader.transport.get_extra_info("socket")  # type: ignore[union-attr]
+        async for batch in raw.batches(borrow=True):
+            got += [bytes(frame.payload) for frame in batch]
+        assert raw._reader._receive_buffer == raw_stream._MAX_RECEIVE_BUFFER
+        # The kernel doubles what it is given (and may cap it lower than asked).
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) > 2 * raw_stream._RECEIVE_BUFFER
+    assert got == [payload] * 32
