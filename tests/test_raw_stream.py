@@ -261,6 +261,21 @@ def test_frames_aligned_with_chunks_are_never_moved() -> None:
     assert not moves
 
 
+def test_whole_frames_before_chunk_framing_are_cut_where_they_lie() -> None:
+    # One read takes several of the daemon's chunks, a whole frame in each: every frame
+    # is cut where it was received, none moved over the framing after it (which cost up
+    # to half of each read's bytes in copies); only a frame the framing falls inside is.
+    frames = [encode_frame(FrameKind.DATA, {"seq": i}, bytes([i]) * 5000) for i in range(5)]
+    read = _chunked([*frames[:4], frames[4][:3000], frames[4][3000:]], [], [])
+    buffer = FrameBuffer(64 * 1024)
+    got = _read_through(buffer, [read], release=False)
+    assert [f.payload for f in got] == [bytes([i]) * 5000 for i in range(5)]
+    # The buffer still holds the read as it came, up to the split frame's second part
+    # (moved down over the framing inside it, the smaller side).
+    split = read.index(frames[4][3000:]) - len(b"\r\n%x\r\n" % (len(frames[4]) - 3000))
+    assert bytes(buffer.raw[:split]) == read[:split]
+
+
 def test_a_broken_frame_header_in_the_buffer_is_malformed() -> None:
     buffer = FrameBuffer(64)
     with pytest.raises(MalformedFrame):
