@@ -5,6 +5,7 @@ the shared loop while its lag grows) — and a closed consumer's lag frozen at c
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import signal
 import subprocess
@@ -16,6 +17,8 @@ import httpx
 import pytest
 from support import poll
 
+from sandboxkit import AsyncSandbox
+from sandboxkit.client.transport import raw_stream
 from sandboxkit.daemon.consumers import Consumer
 from sandboxkit.daemon.host import Host
 from sandboxkit.daemon.process import ManagedProcess, ProcessSpec
@@ -247,3 +250,65 @@ def test_a_stopped_peer_shows_blocked_once_its_window_is_full(daemon: DaemonServ
             os.kill(reader.pid, signal.SIGCONT)
             reader.wait()
             http.delete(f"/sandboxes/{sid}")
+
+
+# 48 MiB as fast as a pipe takes it, each 64 KiB block its own byte.
+FAST_WRITER = """
+import sys
+out = sys.stdout.buffer
+for i in range(768):
+    out.write(bytes([i % 251]) * 65536)
+"""
+
+
+async def test_an_sdk_reader_that_kept_up_then_stalled_shows_blocked(
+    daemon: DaemonServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader that keeps up reads through a larger receive buffer
+    (``raw_stream._MAX_RECEIVE_BUFFER``); once its callback stalls, bytes land while it is
+    busy: the buffer goes back to the small one, the client stops reading, and the daemon
+    sees the consumer ``blocked``. Released, it gets every byte, in order."""
+    sizes: list[int] = []
+    sizing = raw_stream._Reader._size_receive_buffer
+
+    def recording(reader: raw_stream._Reader, size: int) -> None:
+        sizes.append(size)
+        sizing(reader, size)
+
+    monkeypatch.setattr(raw_stream._Reader, "_size_receive_buffer", recording)
+    release = asyncio.Event()
+    received = hashlib.sha256()
+    got = 0
+
+    async def take(data: bytes) -> None:
+        nonlocal got
+        received.update(data)
+        got += len(data)
+        if got >= 16 << 20:
+            await release.wait()
+
+    async with await AsyncSandbox.create(url=daemon.url, token=daemon.token) as sbx:
+        proc = await sbx.commands.start([sys.executable, "-c", FAST_WRITER])
+        handle = await sbx.commands.connect(
+            proc.pid, cursor=0, on_stdout_bytes=take, keep_output=False, role="stalling"
+        )
+        headers = {"Authorization": f"Bearer {daemon.token}"}
+        async with httpx.AsyncClient(base_url=daemon.url, headers=headers) as http:
+
+            async def state() -> str:
+                rows = (await http.get(f"/sandboxes/{sbx.sandbox_id}/consumers")).json()
+                found = [r for r in rows if r["role"] == "stalling" and not r["closed_at"]]
+                return str(found[0]["state"]) if found else "none"
+
+            deadline = time.monotonic() + 20
+            while (now := await state()) != "blocked":
+                assert time.monotonic() < deadline, now
+                await asyncio.sleep(0.05)  # sleep-ok: polling the metrics with a deadline
+        assert raw_stream._MAX_RECEIVE_BUFFER in sizes, "it kept up before it stalled"
+        assert sizes[-1] == raw_stream._RECEIVE_BUFFER, "stalled, it went back"
+        release.set()
+        await handle.wait()
+    expected = hashlib.sha256()
+    for i in range(768):
+        expected.update(bytes([i % 251]) * 65536)
+    assert (got, received.hexdigest()) == (768 * 65536, expected.hexdigest())

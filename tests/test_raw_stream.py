@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sandboxkit.client.transport.frame_buffer import FrameBuffer
+from sandboxkit.client.transport import raw_stream
+from sandboxkit.client.transport.frame_buffer import READ_SIZE, FrameBuffer
 from sandboxkit.client.transport.raw import RawFrameStream
 from sandboxkit.client.transport.raw_stream import BadChunk, ChunkedBody, open_raw_stream
 from sandboxkit.errors import DaemonUnavailable, MalformedFrame, SandboxkitError
@@ -259,6 +261,21 @@ def test_frames_aligned_with_chunks_are_never_moved() -> None:
     assert not moves
 
 
+def test_whole_frames_before_chunk_framing_are_cut_where_they_lie() -> None:
+    # One read takes several of the daemon's chunks, a whole frame in each: every frame
+    # is cut where it was received, none moved over the framing after it (which cost up
+    # to half of each read's bytes in copies); only a frame the framing falls inside is.
+    frames = [encode_frame(FrameKind.DATA, {"seq": i}, bytes([i]) * 5000) for i in range(5)]
+    read = _chunked([*frames[:4], frames[4][:3000], frames[4][3000:]], [], [])
+    buffer = FrameBuffer(64 * 1024)
+    got = _read_through(buffer, [read], release=False)
+    assert [f.payload for f in got] == [bytes([i]) * 5000 for i in range(5)]
+    # The buffer still holds the read as it came, up to the split frame's second part
+    # (moved down over the framing inside it, the smaller side).
+    split = read.index(frames[4][3000:]) - len(b"\r\n%x\r\n" % (len(frames[4]) - 3000))
+    assert bytes(buffer.raw[:split]) == read[:split]
+
+
 def test_a_broken_frame_header_in_the_buffer_is_malformed() -> None:
     buffer = FrameBuffer(64)
     with pytest.raises(MalformedFrame):
@@ -291,3 +308,71 @@ async def test_borrowed_payloads_hold_until_the_next_batch_even_for_a_slow_reade
                 await asyncio.sleep(0)  # sleep-ok: a slow reader, letting reads in
             got += [bytes(frame.payload) for frame in batch]  # still its own bytes
     assert got == payloads
+
+
+async def test_a_waiting_stream_reads_all_the_buffer_has_room_for_a_busy_one_a_bound() -> None:
+    # Waiting, the stream takes every byte at once: a read may take all the kernel holds
+    # (fewer reads per GB); busy (a slow callback), it reads at most _BUFFER ahead, so a
+    # stalled reader still shows as behind at the daemon.
+    reader = raw_stream._Reader()
+    reader._body = ChunkedBody()
+    assert len(reader.get_buffer(-1)) == raw_stream._BUFFER
+    reader._waiter = asyncio.get_running_loop().create_future()  # as _wait() sets it
+    assert len(reader.get_buffer(-1)) == len(reader._buffer.space()) == READ_SIZE
+
+
+class _Socket:
+    """Records the receive buffer sizes a stream sets."""
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+
+    def setsockopt(self, level: int, option: int, value: int) -> None:
+        assert (level, option) == (socket.SOL_SOCKET, socket.SO_RCVBUF)
+        self.sizes.append(value)
+
+
+async def test_the_receive_buffer_grows_for_a_stream_that_keeps_up_and_shrinks_when_busy() -> None:
+    reader = raw_stream._Reader()
+    reader._body = ChunkedBody()
+    sock = _Socket()
+    reader.size_receive_buffer(sock)
+    assert sock.sizes == [raw_stream._RECEIVE_BUFFER]
+    loop = asyncio.get_running_loop()
+    frames = [encode_frame(FrameKind.DATA, {"seq": i}, bytes(65536)) for i in range(16)]
+    data = _chunked(frames, [], [])
+    sent = 0
+
+    def receive(size: int, waiting: bool) -> None:
+        nonlocal sent
+        reader._waiter = loop.create_future() if waiting else None  # as _wait() sets it
+        reader.get_buffer(-1)[:size] = data[sent : sent + size]
+        sent += size
+        reader.buffer_updated(size)
+        assert reader._error is None
+        reader._frames.clear()
+        reader._buffer.release()
+
+    receive(1000, waiting=True)  # the kernel held little: nothing to gain
+    assert sock.sizes == [raw_stream._RECEIVE_BUFFER]
+    receive(raw_stream._RECEIVE_BUFFER, waiting=True)  # as much as the buffer takes
+    assert sock.sizes[-1] == raw_stream._MAX_RECEIVE_BUFFER
+    receive(1000, waiting=False)  # bytes came while frames were handled: back at once
+    assert sock.sizes[-1] == raw_stream._RECEIVE_BUFFER
+    receive(100, waiting=False)
+    assert len(sock.sizes) == 3, "set only when it changes"
+
+
+async def test_a_fast_stream_reads_through_the_larger_receive_buffer() -> None:
+    payload = bytes(range(256)) * 1024
+    frames = [encode_frame(FrameKind.DATA, {"seq": i}, payload) for i in range(32)]
+    response = _HEAD + b"transfer-encoding: chunked\r\n\r\n" + _chunked(frames, [], [])
+    got: list[bytes] = []
+    async with _server([response]) as url, open_raw_stream(url, "/stream", {}, {}) as raw:
+        sock = raw._reader.transport.get_extra_info("socket")  # type: ignore[union-attr]
+        async for batch in raw.batches(borrow=True):
+            got += [bytes(frame.payload) for frame in batch]
+        assert raw._reader._receive_buffer == raw_stream._MAX_RECEIVE_BUFFER
+        # The kernel doubles what it is given (and may cap it lower than asked).
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) > 2 * raw_stream._RECEIVE_BUFFER
+    assert got == [payload] * 32

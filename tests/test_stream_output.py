@@ -45,3 +45,61 @@ def test_trimming_keeps_no_copy_of_the_oldest_piece() -> None:
     out.add(b"b" * 5, decode=False)
     assert out.data == b"aaaaabbbbb" and out.dropped == 3
     assert out._pieces[0] is first
+
+
+_CHUNKS = st.lists(
+    st.binary(min_size=1, max_size=40)
+    | st.text(st.characters(max_codepoint=127), min_size=1, max_size=40).map(str.encode)
+    | st.text(min_size=1, max_size=10).map(str.encode),
+    max_size=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(chunks=_CHUNKS, keep=st.sampled_from([True, 1, 7, 64, 10_000]))
+def test_text_callers_keep_the_exact_bytes_from_views_of_a_reused_buffer(
+    chunks: list[bytes], keep: bool | int
+) -> None:
+    # Each chunk arrives as a view into one receive buffer, written over by the next
+    # read: what is kept (the decoded text where it is the chunk's ASCII bytes, else the
+    # bytes) must be the output's own, and the text and the bytes exactly what was sent.
+    out = StreamOutput(keep)
+    buffer = bytearray(64)
+    texts: list[str] = []
+    for chunk in chunks:
+        buffer[: len(chunk)] = chunk
+        texts.append(out.add(memoryview(buffer)[: len(chunk)], decode=True))
+        buffer[:] = b"\xff" * len(buffer)  # the next read lands here
+    sent = b"".join(chunks)
+    kept = sent if keep is True else sent[len(sent) - keep :] if keep < len(sent) else sent
+    assert out.data == kept
+    assert out.dropped == len(sent) - len(kept)
+    assert "".join(texts) + out.tail.decode("utf-8", "replace") == sent.decode("utf-8", "replace")
+    if keep is True:
+        assert out.text(final=True) == sent.decode("utf-8", "replace")
+        assert out.text() == sent[: len(sent) - len(out.tail)].decode("utf-8", "replace")
+
+
+def test_ascii_text_is_kept_as_decoded_not_copied_again() -> None:
+    # A text callback's chunk of ASCII is kept as the text it decoded to (the same
+    # characters as bytes): no second copy of every byte, and the bytes on request.
+    out = StreamOutput(True)
+    received = bytearray(b"plain ascii \n")
+    text = out.add(memoryview(received), decode=True)
+    assert out._pieces[0] is text
+    received[:] = b"X" * len(received)
+    assert out.data == b"plain ascii \n" and out.text() == "plain ascii \n"
+    # A character split across chunks (and anything not ASCII) keeps the bytes.
+    out.add(b"caf\xc3", decode=True)
+    out.add(b"\xa9!", decode=True)
+    assert [type(p) for p in out._pieces] == [str, bytes, bytes]
+    assert out.data == b"plain ascii \ncaf\xc3\xa9!" and out.text() == "plain ascii \ncafé!"
+
+
+def test_a_gap_marker_among_kept_text_is_shown_not_kept_as_output() -> None:
+    out = StreamOutput(12)
+    out.add(b"abcdef", decode=True)
+    out.mark("<gap>")
+    out.add(b"ghijkl", decode=True)
+    assert out.text() == "f<gap>ghijkl"
+    assert out.data == b"fghijkl" and out.dropped == 5

@@ -23,6 +23,10 @@ KeepOutput = bool | int
 _decode = codecs.utf_8_decode
 
 
+class _Marker(str):
+    """A gap's marker among the kept pieces: shown in the text, not output bytes."""
+
+
 class Cursor(int):
     """Where a stream stopped: the sequence number of the next chunk (an ``int``, usable
     wherever a cursor is) carrying what was cut there, so that a stream continued from it
@@ -89,7 +93,9 @@ class StreamOutput:
         self.received = 0
         self.dropped = 0
         self._head = tail  # bytes of a character the previous handle began
-        self._pieces: deque[bytes | str] = deque()  # bytes, or a marker (str)
+        # Output as bytes, or as the ASCII text it decoded to (the same bytes: see add),
+        # and gap markers.
+        self._pieces: deque[bytes | str] = deque()
         self._skip = 0  # leading bytes (or characters) of the first piece no longer kept
         self._kept = 0
         self._text: str | None = ""
@@ -97,22 +103,31 @@ class StreamOutput:
     def add(self, data: bytes | memoryview, decode: bool) -> str:
         """Record a chunk; its text (with the tail before it) if ``decode``, else ``""``
         (the tail is tracked either way). ``data`` may be a view (decoded straight from
-        the receive buffer) only if nothing is kept (``keep`` false)."""
+        the receive buffer): what is kept of it is its own, never the view."""
         self.received += len(data)
         text = ""
+        kept: bytes | str | None = None
         if decode:
-            joined = self.tail + data if self.tail else data
+            tail = self.tail
+            joined = tail + data if tail else data
             text, used = _decode(joined, "replace", False)
             self.tail = bytes(joined[used:])
+            # ASCII text decoded from exactly this chunk is its bytes, character for
+            # byte: kept as it is, the chunk is never copied (isascii() is a flag, and
+            # the bytes are ``encode()`` away when asked for). Anything else (a
+            # character across chunks, U+FFFD for a bad byte) keeps the bytes.
+            if not tail and len(text) == len(data) and text.isascii():
+                kept = text
         elif len(data) >= 3:
             self.tail = bytes(data[len(data) - incomplete_tail(data) :])
         else:
             joined = self.tail + data
             self.tail = joined[len(joined) - incomplete_tail(joined) :]
         if self.limit != 0:
-            assert type(data) is bytes, "kept output must be bytes of its own"
-            self._pieces.append(data)
-            self._kept += len(data)
+            if kept is None:
+                kept = data if type(data) is bytes else bytes(data)
+            self._pieces.append(kept)
+            self._kept += len(kept)
             self._text = None
             self._trim()
         return text
@@ -123,7 +138,7 @@ class StreamOutput:
         broken = _decode(self.tail, "replace", True)[0] if self.tail else ""
         self.tail = b""
         if self.limit != 0:
-            self._pieces.append(marker)
+            self._pieces.append(_Marker(marker))
             self._kept += len(marker)
             self._text = None
             self._trim()
@@ -140,14 +155,14 @@ class StreamOutput:
                 self._pieces.popleft()
                 self._skip = 0
                 self._kept -= left
-                if isinstance(first, bytes):
+                if type(first) is not _Marker:
                     self.dropped += left
             else:
                 # Skipped, not sliced off: a slice would copy the rest of the piece on
                 # every chunk added (the usual case for a stream read at full rate).
                 self._skip += excess
                 self._kept -= excess
-                if isinstance(first, bytes):
+                if type(first) is not _Marker:
                     self.dropped += excess
             self._head = b""
 
@@ -156,15 +171,20 @@ class StreamOutput:
         pieces: list[bytes | memoryview | str] = list(self._pieces)
         if self._skip:
             first = pieces[0]
-            pieces[0] = (
-                first[self._skip :] if isinstance(first, str) else memoryview(first)[self._skip :]
-            )
+            if isinstance(first, str):  # still a _Marker once sliced: the type tells
+                pieces[0] = type(first)(first[self._skip :])
+            else:
+                pieces[0] = memoryview(first)[self._skip :]
         return pieces
 
     @property
     def data(self) -> bytes:
         """The kept bytes, exactly as the process wrote them (no markers)."""
-        return b"".join(p for p in self._live() if not isinstance(p, str))
+        return b"".join(
+            p if not isinstance(p, str) else p.encode("ascii")
+            for p in self._live()
+            if type(p) is not _Marker
+        )
 
     def text(self, final: bool = False) -> str:
         """The kept output decoded, with a marker where a gap was; without the bytes of an
@@ -187,6 +207,8 @@ class StreamOutput:
 
             for piece in self._live():
                 if isinstance(piece, str):
+                    # A marker, or text kept decoded: either way the bytes before it are
+                    # decoded to their end (kept text only follows a finished character).
                     flush(True)
                     parts.append(piece)
                 else:

@@ -535,8 +535,8 @@ class ProcessStream:
         raw = self.on_stderr_bytes if target == "stderr" else self.on_stdout_bytes
         callback = self.on_stderr if target == "stderr" else self.on_stdout
         output = self.output[target]
-        if type(data) is memoryview and (raw is not None or output.limit != 0):
-            data = bytes(data)  # kept, or handed to a caller: bytes of its own
+        if raw is not None and type(data) is memoryview:
+            data = bytes(data)  # handed to a caller: bytes of its own (kept as they are)
         text = output.add(data, decode=callback is not None)
         if raw is not None:
             await _call(raw, data)

@@ -33,9 +33,6 @@ from sandboxkit.wire import Frame, FrameKind
 
 __all__ = ["ChunkedBody", "Lender", "RawStream", "open_raw_stream"]
 
-_READ = 256 * 1024
-"""Bytes taken from the socket per read at most while the stream waits for them (the
-daemon sends up to 256 KiB at a time)."""
 _BUFFER = 128 * 1024
 """While the stream is busy with frames it has (a slow callback), the reader takes at
 most this much more from the socket, then stops reading until the stream waits again:
@@ -45,9 +42,17 @@ case) is never paused, which would cost two system calls and a round of Python p
 read."""
 _MIN_READ = 4096
 _RECEIVE_BUFFER = 256 * 1024
-"""The socket's receive buffer, fixed (the kernel doubles it): left to autotune it grows
-to tens of MB, and a reader that stopped reading would not show as behind at the daemon
-until all of that filled."""
+"""The socket's receive buffer every stream starts with, and goes back to whenever it is
+busy (the kernel doubles it): left to autotune it grows to tens of MB, and a reader that
+stopped reading would not show as behind at the daemon until all of that filled."""
+_MAX_RECEIVE_BUFFER = 1024 * 1024
+"""The receive buffer of a stream that keeps up: one that waits for bytes and finds the
+kernel holding as much as the smaller buffer takes. Its reads take up to twice as much
+(the daemon sends up to 1 MiB at a time to a fast reader), and every read costs a round
+of the event loop and of Python, and the kernel's window updates: compare.py P7's
+client CPU per GB fell by a fifth. A stream that falls behind (busy when bytes come) goes
+back to :data:`_RECEIVE_BUFFER` at once (the daemon's send buffer follows its consumer
+the same way, ``daemon/tcp_peer.py``)."""
 _OPEN_TIMEOUT = 10.0
 _FINISH = 1.0
 """Seconds a stream closed after its last frame waits for the end of its body (the
@@ -184,6 +189,8 @@ class _Reader(asyncio.BufferedProtocol):
         self._last: FrameKind | None = None  # the kind of the last frame cut
         self._finishing: asyncio.TimerHandle | None = None
         self._buffer = FrameBuffer()
+        self._socket: Any = None  # set by size_receive_buffer: the socket it sizes
+        self._receive_buffer = 0  # the size last set (0: none)
         self._unread = 0
         self._paused = False
         self._closed = False
@@ -201,8 +208,13 @@ class _Reader(asyncio.BufferedProtocol):
 
     def get_buffer(self, sizehint: int) -> memoryview:
         space = self._buffer.space()
-        waiting = self._waiter is not None  # the stream takes these bytes at once
-        room = _READ if waiting else max(_BUFFER - self._unread, _MIN_READ)
+        if self._waiter is not None:
+            # The stream takes these bytes at once: as many as there are room for, so
+            # that a read takes all the kernel holds (several of the daemon's sends, a
+            # frame and the start of the next) and a GB costs fewer reads, each a round
+            # of the event loop and of Python.
+            return space
+        room = max(_BUFFER - self._unread, _MIN_READ)
         return space if len(space) <= room else space[:room]
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -218,11 +230,29 @@ class _Reader(asyncio.BufferedProtocol):
             self._fail(DaemonUnavailable(f"stream broke: {exc!r}"[:300]))
             return
         self._unread += nbytes
-        busy = self._waiter is None
-        if busy and self._unread >= _BUFFER and not self._paused and self.transport is not None:
-            self._paused = True
-            self.transport.pause_reading()
+        if self._waiter is None:  # busy with frames: it may be falling behind
+            if self._receive_buffer > _RECEIVE_BUFFER:
+                self._size_receive_buffer(_RECEIVE_BUFFER)
+            if self._unread >= _BUFFER and not self._paused and self.transport is not None:
+                self._paused = True
+                self.transport.pause_reading()
+        elif nbytes >= _RECEIVE_BUFFER and self._receive_buffer == _RECEIVE_BUFFER:
+            self._size_receive_buffer(_MAX_RECEIVE_BUFFER)  # it keeps up (see above)
         self._wake()
+
+    def size_receive_buffer(self, sock: Any) -> None:
+        """Size ``sock``'s receive buffer (this stream's connection's) from now on: at
+        first :data:`_RECEIVE_BUFFER`, then by how the stream keeps up."""
+        self._socket = sock
+        self._receive_buffer = 0
+        self._size_receive_buffer(_RECEIVE_BUFFER)
+
+    def _size_receive_buffer(self, size: int) -> None:
+        try:
+            self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, size)
+        except (OSError, AttributeError):
+            return  # not a socket that can be sized: left as it is
+        self._receive_buffer = size
 
     def eof_received(self) -> bool:
         self._end()
@@ -490,8 +520,7 @@ async def open_raw_stream(
             raise DaemonUnavailable(f"cannot reach the daemon: {exc!r}", url=url) from exc
     sock = reader.transport.get_extra_info("socket") if reader.transport else None
     if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _RECEIVE_BUFFER)
+        reader.size_receive_buffer(sock)
     conn = reader.conn
     stream = RawStream(reader)
     try:
