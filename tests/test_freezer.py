@@ -571,3 +571,34 @@ async def _host_pid_of_counter(sb: Sandbox, out: Path) -> int:
     found = await poll(host_pid, timeout=DEADLINE, what="the counter's host pid")
     sb.known.add(found)
     return int(found)
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(90)
+@needs_namespaces
+async def test_a_walk_takes_no_pid_that_is_no_longer_the_childs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pid read from a ``children`` list may be freed and reused by the time its stat is
+    read: the process under it is a member only if its parent is still the one listing
+    it (here, an outsider's pid slipped into the leader's list is left alone)."""
+    outsider = await asyncio.create_subprocess_exec("sleep", "60")
+    listed = signals_freezer.children_of
+
+    def with_an_outsider(pid: int) -> list[int]:
+        return [*listed(pid), outsider.pid]
+
+    monkeypatch.setattr(signals_freezer, "children_of", with_an_outsider)
+    try:
+        async with sandbox("signals", tmp_path) as sb:
+            cmd, out = sb.counter_cmd("inside")
+            await sb.spawn(f"{cmd} & wait", contained=True)
+            pid = await _host_pid_of_counter(sb, out)
+            members = sb.tree.members()
+            assert pid in members and outsider.pid not in members
+            await sb.tree.freeze()
+            assert process_is_frozen(pid) and not process_is_frozen(outsider.pid)
+            await sb.tree.thaw()
+    finally:
+        outsider.kill()
+        await outsider.wait()

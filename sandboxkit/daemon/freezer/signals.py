@@ -144,8 +144,10 @@ class SignalFreezer(Freezer):
             return None  # a session whose leader is gone may still hold processes
         stack = list(found)
         while stack:
-            for pid in children_of(stack.pop()):
-                if pid not in found and (st := read_stat(pid)) is not None:
+            parent = stack.pop()
+            for pid in children_of(parent):
+                # Still its child: not a pid freed and reused since the list was read.
+                if pid not in found and (st := read_stat(pid)) is not None and st.ppid == parent:
                     found[pid] = st
                     stack.append(pid)
         return {pid: st for pid, st in found.items() if st.alive}
