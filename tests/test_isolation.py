@@ -28,7 +28,7 @@ from sandboxkit import (
     IsolationWarning,
     Sandbox,
 )
-from sandboxkit.daemon import isolation
+from sandboxkit.daemon import isolation, userns
 from sandboxkit.daemon.config import DaemonConfig
 from sandboxkit.daemon.host import Host
 from sandboxkit.daemon.process import ProcessSpec
@@ -410,3 +410,21 @@ def _user_namespace(leader: int) -> tuple[int, str] | None:
         if child.name() == "sleep":
             return child.pid, os.readlink(f"/proc/{child.pid}/ns/user")
     return None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a root daemon's launches (CI runs as root)")
+async def test_without_a_keyring_filter_each_launch_keeps_its_own_user_namespace(
+    host: Host, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a machine whose keyring calls the seccomp filter does not know, sandboxes must
+    not share a user namespace (they would share its keyrings): each launch makes its own,
+    as before."""
+    monkeypatch.setattr(userns, "keyring_filter", lambda: None)
+    first = await host.create_sandbox(isolation="namespaces")
+    second = await host.create_sandbox(isolation="namespaces")
+    launches = [await s.start_process(ProcessSpec(cmd="exec sleep 30")) for s in (first, second)]
+    seen = [await poll(lambda p=p: _user_namespace(p.pid)) for p in launches]
+    assert seen[0][1] != seen[1][1]
+    assert {psutil.Process(pid).uids().real for pid, _ in seen} == {isolation.SANDBOX_HOST_UID}
+    for process in launches:
+        await process.kill()

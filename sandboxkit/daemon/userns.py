@@ -21,8 +21,8 @@ the command, cannot be joined from inside: that takes ``CAP_SYS_ADMIN`` in it.
 Made by ``unshare --user`` (util-linux, as ``setpriv`` is), whose maps the daemon writes
 as root, and which exits once the namespace's descriptor is open; made when the first
 isolated sandbox is, and checked once with bubblewrap. Where it cannot be had (no
-``unshare``, a bubblewrap that will not join it, a daemon that is not root), launches
-keep the ``setpriv`` path.
+``unshare``, a bubblewrap that will not join it, a daemon that is not root, a machine
+whose keyring calls the filter does not know), launches keep the ``setpriv`` path.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import subprocess
 from pathlib import Path
 
 from sandboxkit.daemon.isolation import SANDBOX_HOST_UID, USER_UID, probe
+from sandboxkit.daemon.seccomp import keyring_filter
 
 __all__ = ["DaemonUserns", "make_userns"]
 
@@ -111,6 +112,10 @@ class DaemonUserns:
 
 
 def _made() -> int | None:
+    if keyring_filter() is None:
+        # No filter for this architecture (sandboxkit/daemon/seccomp.py): sandboxes that
+        # shared the namespace would share its keyrings. Each launch keeps its own.
+        return None
     fd = make_userns()
     if fd is not None and not _joined(fd):
         os.close(fd)
