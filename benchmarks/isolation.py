@@ -4,7 +4,9 @@ run, in interleaved rounds (a slow spell on a noisy machine lands on both alike)
 - create + first command (``run(["true"])``), p50 per round;
 - a command in a running sandbox (``run(["true"])`` again), p50 per round, beside an
   asyncio spawn + wait of ``true`` in this process (issue 22's anchor);
-- pause + resume of a sandbox running 4 processes, p50 per round;
+- pause + resume of a sandbox running 4 processes, p50 per round, and of a second
+  unisolated one (an A/A: how far apart two alike sandboxes measure, what "nothing
+  measurable" is judged against);
 - fan-out: one process writing ``--mb`` MiB (``head -c``, no interpreter path needed),
   read by 4 SDK consumers at once; seconds per round.
 
@@ -143,6 +145,7 @@ def main() -> None:
         for name in ("create_first_ms", "run_true_ms", "pause_resume_ms", "fanout_s")
     }
     spawns: list[float] = []
+    again: list[float] = []  # pause + resume of a second unisolated sandbox: the A/A
     retention = str((args.mb + 8) << 20)
     with _daemon(args.unprivileged, "--retention-bytes", retention) as info:
         for r in range(args.rounds + 1):  # round 0 warms up
@@ -159,6 +162,7 @@ def main() -> None:
                     figures["fanout_s"][mode].append(fo)
             if r:
                 spawns.append(asyncio.run(spawn_wait(args.tries)) * 1e3)
+                again.append(asyncio.run(pause_resume(info, "none", args.tries)) * 1e3)
     summary = {
         name: {
             "none": statistics.median(by["none"]),
@@ -170,6 +174,10 @@ def main() -> None:
     }
     spawn = statistics.median(spawns)
     summary["run_true_ms"]["spawn"] = spawn
+    # What "nothing measurable" is judged against: two unisolated sandboxes differ by this.
+    summary["pause_resume_ms"]["aa_added"] = (
+        statistics.median(again) - summary["pause_resume_ms"]["none"]
+    )
     if args.json:
         print(json.dumps(summary))
         return
@@ -180,6 +188,10 @@ def main() -> None:
             f" {s['added']:+9.3f}"
         )
     run = summary["run_true_ms"]
+    print(
+        "pause + resume of another unisolated sandbox (A/A): "
+        f"{summary['pause_resume_ms']['aa_added']:+.3f} ms"
+    )
     print(
         f"asyncio spawn + wait of true: {spawn:.3f} ms; run(['true']) is "
         f"{run['none'] / spawn:.2f}x it without isolation, {run['namespaces'] / spawn:.2f}x with"
