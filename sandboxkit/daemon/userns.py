@@ -90,7 +90,6 @@ class DaemonUserns:
     the daemon."""
 
     def __init__(self) -> None:
-        self._fd: int | None = None
         self._asked: asyncio.Task[int | None] | None = None
 
     async def get(self) -> int | None:
@@ -98,8 +97,7 @@ class DaemonUserns:
         ``setpriv``)."""
         if self._asked is None:
             self._asked = asyncio.get_running_loop().create_task(asyncio.to_thread(_made))
-        self._fd = await asyncio.shield(self._asked)
-        return self._fd
+        return await asyncio.shield(self._asked)
 
     async def close(self) -> None:
         """Close it (after it is made, if that is under way: a thread is not cancelled)."""
@@ -108,7 +106,6 @@ class DaemonUserns:
             if isinstance(fd, int):
                 os.close(fd)
         self._asked = None
-        self._fd = None
 
 
 def _made() -> int | None:
