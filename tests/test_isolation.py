@@ -30,6 +30,7 @@ from sandboxkit import (
 )
 from sandboxkit.daemon import isolation, userns
 from sandboxkit.daemon.config import DaemonConfig
+from sandboxkit.daemon.freezer.cgroup import CgroupFreezer
 from sandboxkit.daemon.host import Host
 from sandboxkit.daemon.process import ProcessSpec
 from sandboxkit.daemon.server import DaemonServer
@@ -396,6 +397,28 @@ async def test_a_root_daemons_launches_join_its_user_namespace_as_nobody(host: H
     assert spaces[3] != spaces[0], "root inside has one of its own"
     for process in launches:
         await process.kill()
+
+
+async def test_a_pause_freezes_the_sandboxs_processes_and_not_bubblewraps(host: Host) -> None:
+    """bwrap's monitor and the namespace's PID 1 are not the sandbox's processes: under the
+    cgroup freezer they leave its cgroup once the command is born there (each task frozen
+    is one more woken per pause and per resume: benchmarks/isolation.py), so a pause
+    freezes the command alone, and ending the command still ends them."""
+    sandbox = await host.create_sandbox(isolation="namespaces")
+    if not isinstance(sandbox.tree, CgroupFreezer):
+        pytest.skip("no cgroup freezer here")
+    process = await sandbox.start_process(ProcessSpec(cmd="exec sleep 30"))
+    sleeper, _ = await poll(lambda: _user_namespace(process.pid))
+    bwraps = [process.pid, *(c.pid for c in psutil.Process(process.pid).children())]
+    assert [psutil.Process(pid).name() for pid in bwraps] == ["bwrap", "bwrap"]
+    await poll(lambda: sandbox.tree.pids() == [sleeper], what="bwrap's processes gone out")
+    assert process.tree_pids() == [sleeper]
+    await sandbox.pause()
+    assert sandbox.tree.pids() == [sleeper]
+    await sandbox.resume()
+    await process.kill()
+    await poll(lambda: not any(alive(pid) for pid in bwraps), what="bwrap's processes ended")
+    assert process.log.exit_code == -signal.SIGTERM
 
 
 def _said(process: Any) -> str:

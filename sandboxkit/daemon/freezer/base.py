@@ -86,6 +86,13 @@ class Freezer(abc.ABC):
         if launch is not None and (ident := ident_of(pid)) is not None:
             self._launches[launch] = ident
 
+    def settle(self, launch: str) -> bool:
+        """After :meth:`add` of ``launch``'s ``contained`` leader, while it runs (blocking:
+        in a thread): what the backend does once the launch's command is born; False to
+        be asked again later, the command not being born yet. Nothing here (see
+        :meth:`~sandboxkit.daemon.freezer.cgroup.CgroupFreezer.settle`)."""
+        return True
+
     @abc.abstractmethod
     def _adopt(self, pid: int, contained: bool) -> None:
         """Make ``pid`` a member (the backend's part of :meth:`add`)."""

@@ -11,6 +11,11 @@ and a daemon must never take a live neighbour's cgroup for a dead one's.
 
 A sandbox cgroup that cannot be removed yet (a process still leaving it) is kept in a list
 and retried: on the next sandbox, and at exit.
+
+Beside the sandboxes' cgroups, one more, :data:`LAUNCHERS`: where bubblewrap's own
+processes go once an isolated launch's command is born in its sandbox's cgroup (see
+:meth:`~sandboxkit.daemon.freezer.cgroup.CgroupFreezer.add`), so that a pause does not
+freeze them. It is the daemon's, and goes with it.
 """
 
 from __future__ import annotations
@@ -36,9 +41,12 @@ from sandboxkit.daemon.freezer.cgroupfs import (
     rmdir_tree,
 )
 
-__all__ = ["daemon_cgroup", "daemon_cgroup_path", "defer_removal", "reap_cgroup"]
+__all__ = ["LAUNCHERS", "daemon_cgroup", "daemon_cgroup_path", "defer_removal", "reap_cgroup"]
 
 logger = logging.getLogger(__name__)
+
+LAUNCHERS: Final = "bwrap"
+"""The name of the daemon's cgroup for bubblewrap's processes (no sandbox's is ``sb-``-less)."""
 
 _DAEMON_RE: Final = re.compile(rf"^{re.escape(PREFIX)}(\d+)-[0-9a-f]{{8}}$")
 _POLL_INTERVAL: Final = 0.005
@@ -73,12 +81,14 @@ def defer_removal(path: Path) -> None:
 
 
 def _cleanup_at_exit() -> None:
-    """Remove deferred sandbox cgroups and this daemon's own cgroup (if empty by now)."""
+    """Remove deferred sandbox cgroups and this daemon's own cgroups (if empty by now)."""
     _retry_deferred()
     base = cgroup_base()
     if base is not None:
-        with contextlib.suppress(OSError):
-            (base / _name(os.getpid())).rmdir()
+        own = base / _name(os.getpid())
+        for path in (own / LAUNCHERS, own):
+            with contextlib.suppress(OSError):
+                path.rmdir()
 
 
 def daemon_cgroup(base: Path) -> Path:
@@ -139,7 +149,7 @@ def reap_cgroup(path: Path, timeout: float = 2.0) -> dict[str, Any] | None:
         return None
     sandboxes = 0
     with contextlib.suppress(OSError):
-        sandboxes = sum(1 for child in path.iterdir() if child.is_dir())
+        sandboxes = sum(1 for c in path.iterdir() if c.is_dir() and c.name != LAUNCHERS)
     killed = _empty(path, timeout)
     removed = rmdir_tree(path)
     return {
