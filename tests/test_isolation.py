@@ -7,6 +7,7 @@ tests/test_isolation_escape.py."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 import signal
@@ -419,6 +420,25 @@ async def test_a_pause_freezes_the_sandboxs_processes_and_not_bubblewraps(host: 
     await process.kill()
     await poll(lambda: not any(alive(pid) for pid in bwraps), what="bwrap's processes ended")
     assert process.log.exit_code == -signal.SIGTERM
+
+
+async def test_a_launch_started_while_paused_leaves_bubblewrap_out_after_the_resume(
+    host: Host,
+) -> None:
+    """A launch into a paused sandbox is held before bwrap makes its namespaces (its
+    wrapper joined the frozen cgroup): the freezer keeps looking, and once the sandbox
+    resumes and the command is born, bwrap's processes leave as for any launch."""
+    sandbox = await host.create_sandbox(isolation="namespaces")
+    if not isinstance(sandbox.tree, CgroupFreezer):
+        pytest.skip("no cgroup freezer here")
+    await sandbox.pause()
+    process = await sandbox.start_process(ProcessSpec(cmd="exec sleep 30"))
+    await asyncio.sleep(0.1)  # sleep-ok: a pause that outlasts the freezer's first looks
+    assert _user_namespace(process.pid) is None, "nothing of it ran while paused"
+    await sandbox.resume()
+    sleeper, _ = await poll(lambda: _user_namespace(process.pid))
+    await poll(lambda: sandbox.tree.pids() == [sleeper], what="bwrap's processes gone out")
+    await process.kill()
 
 
 def _said(process: Any) -> str:
