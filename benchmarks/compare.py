@@ -838,7 +838,11 @@ def main() -> None:
     bench = Bench(args)
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     size = (64 if args.quick else 256) * 1024 * 1024
-    retention = ["--retention-bytes", str(size * 2)]
+    # A finished round's output is kept 1 s, not a daemon's default 15 min: dozens of
+    # rounds of `size` each piled up past the kernel's background writeback threshold
+    # (10 % of memory), and the flusher's disk writes then took a core from whichever
+    # round ran (P1's 4-consumer row fell to half; docs/performance.md).
+    retention = ["--retention-bytes", str(size * 2), "--result-ttl", "1"]
     t0 = time.monotonic()
     with contextlib.ExitStack() as stack:
         main_env = _fast_env(args.fast_path, on=False) if args.fast_path else None
