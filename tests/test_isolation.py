@@ -32,6 +32,7 @@ from sandboxkit import (
 from sandboxkit.daemon import isolation, userns
 from sandboxkit.daemon.config import DaemonConfig
 from sandboxkit.daemon.freezer.cgroup import CgroupFreezer
+from sandboxkit.daemon.freezer.cgroupfs import cgroup2_mount
 from sandboxkit.daemon.host import Host
 from sandboxkit.daemon.process import ProcessSpec
 from sandboxkit.daemon.server import DaemonServer
@@ -332,6 +333,35 @@ def test_a_successor_reclaims_what_a_sigkilled_daemons_isolated_sandboxes_left(
             timeout=10,
             what="the successor to end the dead daemon's isolated processes",
         )
+
+
+@pytest.mark.timeout(60)
+def test_a_daemon_that_stops_leaves_no_cgroup_behind(tmp_path: Path) -> None:
+    """A daemon stopped while isolated processes run removes its cgroups, the one for
+    bubblewrap's processes too (those exit just after the commands the stop killed)."""
+    with served(tmp_path, "--isolation", "namespaces") as daemon:
+        sbx = Sandbox.create(url=daemon.url, token=daemon.token)
+        try:
+            handles = [sbx.commands.run("exec sleep 60", background=True) for _ in range(3)]
+            sleeper = wait_until(lambda: _user_namespace(handles[-1].pid), what="the command")[0]
+            own = _cgroup_dir(sleeper).parent
+            if not own.name.startswith("sandboxkit-"):
+                pytest.skip("no cgroup freezer here")
+            wait_until(lambda: list(own.glob("*.bwrap")), what="bwrap's processes moved out")
+            daemon.proc.send_signal(signal.SIGTERM)  # what `sandboxkit stop` sends
+            # It shuts down, then ends by the signal (uvicorn raises it again): no atexit.
+            assert daemon.proc.wait(20) == -signal.SIGTERM
+        finally:
+            sbx.close()  # the client only: the daemon is gone
+    assert not own.exists(), sorted(p.name for p in own.iterdir())
+
+
+def _cgroup_dir(pid: int) -> Path:
+    """Where ``pid``'s cgroup v2 is in this machine's hierarchy."""
+    line = next(x for x in Path(f"/proc/{pid}/cgroup").read_text().splitlines() if x[:3] == "0::")
+    mount = cgroup2_mount()
+    assert mount is not None
+    return mount / line[3:].lstrip("/")
 
 
 def _sleeping(marker: str) -> list[int]:

@@ -15,7 +15,13 @@ from typing import Any
 from sandboxkit.daemon.config import DaemonConfig
 from sandboxkit.daemon.consumers import Consumer, FrameSink, SendBudget, check_role
 from sandboxkit.daemon.events import EventJournal
-from sandboxkit.daemon.freezer import CgroupFreezer, Freezer, daemon_cgroup_for, make_freezer
+from sandboxkit.daemon.freezer import (
+    CgroupFreezer,
+    Freezer,
+    daemon_cgroup_for,
+    make_freezer,
+    release_daemon_cgroup,
+)
 from sandboxkit.daemon.isolation import (
     SANDBOX_HOST_UID,
     NamespacePlan,
@@ -133,6 +139,7 @@ class Host:
         )
         for sandbox in self.sandboxes.values():
             await sandbox.release()
+        await asyncio.to_thread(release_daemon_cgroup)
         await self.userns.close()
         if self._own_root:
             shutil.rmtree(self.root, ignore_errors=True)

@@ -28,7 +28,11 @@ from typing import Final
 from sandboxkit.daemon.freezer.base import DEFAULT_FREEZE_TIMEOUT, Freezer
 from sandboxkit.daemon.freezer.cgroup import CgroupFreezer
 from sandboxkit.daemon.freezer.cgroupfs import cgroup_v2_available
-from sandboxkit.daemon.freezer.daemon_cgroup import daemon_cgroup_path, reap_cgroup
+from sandboxkit.daemon.freezer.daemon_cgroup import (
+    daemon_cgroup_path,
+    reap_cgroup,
+    release_daemon_cgroup,
+)
 from sandboxkit.daemon.freezer.marks import MARK_VAR, reap_marked_orphans
 from sandboxkit.daemon.freezer.signals import SignalFreezer
 
@@ -44,6 +48,7 @@ __all__ = [
     "make_freezer",
     "reap_cgroup",
     "reap_marked_orphans",
+    "release_daemon_cgroup",
 ]
 
 logger = logging.getLogger(__name__)

@@ -32,7 +32,11 @@ from sandboxkit.daemon.freezer.cgroupfs import (
     cgroup_pids,
     rmdir_tree,
 )
-from sandboxkit.daemon.freezer.daemon_cgroup import LAUNCHERS, daemon_cgroup, defer_removal
+from sandboxkit.daemon.freezer.daemon_cgroup import (
+    LAUNCHERS_SUFFIX,
+    daemon_cgroup,
+    defer_removal,
+)
 from sandboxkit.daemon.freezer.proc import (
     ProcStat,
     children_of,
@@ -70,22 +74,26 @@ class CgroupFreezer(Freezer):
         if base is None:
             raise RuntimeError("no writable cgroup v2 hierarchy with a freezer")
         try:
-            parent = daemon_cgroup(base)
             name = _dir_name(sandbox_id)
-            path = parent / name
-            suffix = 0
+            suffix, attempts = 0, 0
             while True:
+                # Made again if another host of this process removed it as it closed.
+                parent = daemon_cgroup(base)
+                path = parent / (f"{name}-{suffix}" if suffix else name)
                 try:
                     path.mkdir()
                     break
                 except FileExistsError:
                     suffix += 1
-                    path = parent / f"{name}-{suffix}"
+                except FileNotFoundError:
+                    attempts += 1
+                    if attempts > 3:
+                        raise
         except OSError as exc:
             raise RuntimeError(f"cannot create sandbox cgroup: {exc}") from exc
         self.path: Path = path
         self._procs_file = path / "cgroup.procs"
-        self._launchers = parent / LAUNCHERS / "cgroup.procs"
+        self._launchers = parent / (path.name + LAUNCHERS_SUFFIX) / "cgroup.procs"
         mount = cgroup2_mount()
         # The cgroup's path as /proc/<pid>/cgroup shows it, for membership checks.
         self._cgpath = "/" + str(path.relative_to(mount)) if mount is not None else ""
@@ -124,13 +132,13 @@ class CgroupFreezer(Freezer):
 
     def settle(self, launch: str) -> bool:
         """Once bwrap's PID 1 (the child of ``launch``'s leader, bwrap's monitor) has
-        forked the command, inside the cgroup, move the two of them to the daemon's
-        :data:`LAUNCHERS` cgroup: they only wait for the command, and each task in the
-        cgroup is one more for the kernel to freeze and wake on every pause and resume
-        (+0.06 to +0.14 ms of a 0.5 ms pause + resume of four processes,
-        benchmarks/isolation.py). Nothing of the command's can follow them: a process is
-        born in its parent's cgroup, and they fork nothing more. False while the command
-        is not born yet (a pause holds bwrap's set-up)."""
+        forked the command, inside the cgroup, move the two of them to a cgroup of the
+        sandbox's beside it (its name ends in ``.bwrap``): they only wait for the
+        command, and each task in the cgroup is one more for the kernel to freeze and wake
+        on every pause and resume (+0.06 to +0.14 ms of a 0.5 ms pause + resume of four
+        processes, benchmarks/isolation.py). Nothing of the command's can follow them: a
+        process is born in its parent's cgroup, and they fork nothing more. False while
+        the command is not born yet (a pause holds bwrap's set-up)."""
         leader = self._launches.get(launch)
         if leader is None or self._closed:
             return True
@@ -260,18 +268,22 @@ class CgroupFreezer(Freezer):
                 self._frozen = False
             os.close(self._events)
             os.close(self._freeze)
-            # Killed processes leave the cgroup asynchronously: retry briefly, but do not
-            # wait for processes that still run.
+            # Killed processes leave the cgroup asynchronously, and bwrap's once their
+            # commands did: retry briefly, but do not wait for processes that still run.
             deadline = time.monotonic() + _CLOSE_WAIT
-            while not rmdir_tree(self.path):
-                if self.members() or time.monotonic() >= deadline:
-                    logger.debug("cgroup %s still busy; removal deferred", self.path)
-                    defer_removal(self.path)
-                    return
-                time.sleep(0.002)  # sleep-ok: exiting processes leave the cgroup shortly
+            busy = False
+            for path in (self.path, self._launchers.parent):
+                while not busy and not rmdir_tree(path):
+                    busy = bool(self.members()) or time.monotonic() >= deadline
+                    if not busy:
+                        time.sleep(0.002)  # sleep-ok: exiting processes leave shortly
+                if busy:
+                    logger.debug("cgroup %s still busy; removal deferred", path)
+                    defer_removal(path)
         except Exception:  # never raise from close
             logger.exception("error closing cgroup %s", self.path)
             defer_removal(self.path)
+            defer_removal(self._launchers.parent)
 
 
 def _frozen(events: int) -> bool:

@@ -12,10 +12,13 @@ and a daemon must never take a live neighbour's cgroup for a dead one's.
 A sandbox cgroup that cannot be removed yet (a process still leaving it) is kept in a list
 and retried: on the next sandbox, and at exit.
 
-Beside the sandboxes' cgroups, one more, :data:`LAUNCHERS`: where bubblewrap's own
-processes go once an isolated launch's command is born in its sandbox's cgroup (see
-:meth:`~sandboxkit.daemon.freezer.cgroup.CgroupFreezer.add`), so that a pause does not
-freeze them. It is the daemon's, and goes with it.
+Beside an isolated sandbox's cgroup, one more of its own (named with
+:data:`LAUNCHERS_SUFFIX`): where bubblewrap's processes go once a launch's command is
+born (:meth:`~sandboxkit.daemon.freezer.cgroup.CgroupFreezer.settle`).
+
+The daemon's cgroup goes when its host closes (:func:`release_daemon_cgroup`), not only
+at exit: a daemon stopped by ``SIGTERM`` (``sandboxkit stop``) ends by that signal, which
+uvicorn raises again once it has shut down, and no ``atexit`` hook runs then.
 """
 
 from __future__ import annotations
@@ -41,12 +44,19 @@ from sandboxkit.daemon.freezer.cgroupfs import (
     rmdir_tree,
 )
 
-__all__ = ["LAUNCHERS", "daemon_cgroup", "daemon_cgroup_path", "defer_removal", "reap_cgroup"]
+__all__ = [
+    "LAUNCHERS_SUFFIX",
+    "daemon_cgroup",
+    "daemon_cgroup_path",
+    "defer_removal",
+    "reap_cgroup",
+    "release_daemon_cgroup",
+]
 
 logger = logging.getLogger(__name__)
 
-LAUNCHERS: Final = "bwrap"
-"""The name of the daemon's cgroup for bubblewrap's processes (no sandbox's is ``sb-``-less)."""
+LAUNCHERS_SUFFIX: Final = ".bwrap"
+"""Ends the name of a sandbox's cgroup for bubblewrap's processes (beside its own)."""
 
 _DAEMON_RE: Final = re.compile(rf"^{re.escape(PREFIX)}(\d+)-[0-9a-f]{{8}}$")
 _POLL_INTERVAL: Final = 0.005
@@ -81,14 +91,29 @@ def defer_removal(path: Path) -> None:
 
 
 def _cleanup_at_exit() -> None:
-    """Remove deferred sandbox cgroups and this daemon's own cgroups (if empty by now)."""
+    """Remove deferred sandbox cgroups and this daemon's own cgroup (if empty by now)."""
     _retry_deferred()
     base = cgroup_base()
     if base is not None:
-        own = base / _name(os.getpid())
-        for path in (own / LAUNCHERS, own):
+        with contextlib.suppress(OSError):
+            (base / _name(os.getpid())).rmdir()
+
+
+def release_daemon_cgroup(timeout: float = 0.5) -> None:
+    """When a host closes (blocking): remove the sandbox cgroups whose removal was
+    deferred, waiting up to ``timeout`` for what their killed processes take to leave,
+    then this daemon's cgroup if nothing else of the process's holds it (another host in
+    the same process keeps it, and makes it again when it needs it)."""
+    deadline = time.monotonic() + timeout
+    with _lock:
+        _retry_deferred()
+        while _deferred and time.monotonic() < deadline:
+            time.sleep(_POLL_INTERVAL)  # sleep-ok: processes leave a cgroup asynchronously
+            _retry_deferred()
+        base = cgroup_base()
+        if base is not None:
             with contextlib.suppress(OSError):
-                path.rmdir()
+                (base / _name(os.getpid())).rmdir()
 
 
 def daemon_cgroup(base: Path) -> Path:
@@ -149,7 +174,9 @@ def reap_cgroup(path: Path, timeout: float = 2.0) -> dict[str, Any] | None:
         return None
     sandboxes = 0
     with contextlib.suppress(OSError):
-        sandboxes = sum(1 for c in path.iterdir() if c.is_dir() and c.name != LAUNCHERS)
+        sandboxes = sum(
+            1 for c in path.iterdir() if c.is_dir() and not c.name.endswith(LAUNCHERS_SUFFIX)
+        )
     killed = _empty(path, timeout)
     removed = rmdir_tree(path)
     return {
