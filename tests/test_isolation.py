@@ -347,7 +347,7 @@ def test_a_daemon_that_stops_leaves_no_cgroup_behind(tmp_path: Path) -> None:
             own = _cgroup_dir(sleeper).parent
             if not own.name.startswith("sandboxkit-"):
                 pytest.skip("no cgroup freezer here")
-            wait_until(lambda: list(own.glob("*.bwrap")), what="bwrap's processes moved out")
+            wait_until(lambda: list(own.glob("*.bwrap")), what="bwrap's monitor moved out")
             daemon.proc.send_signal(signal.SIGTERM)  # what `sandboxkit stop` sends
             # It shuts down, then ends by the signal (uvicorn raises it again): no atexit.
             assert daemon.proc.wait(20) == -signal.SIGTERM
@@ -430,34 +430,39 @@ async def test_a_root_daemons_launches_join_its_user_namespace_as_nobody(host: H
         await process.kill()
 
 
-async def test_a_pause_freezes_the_sandboxs_processes_and_not_bubblewraps(host: Host) -> None:
-    """bwrap's monitor and the namespace's PID 1 are not the sandbox's processes: under the
-    cgroup freezer they leave its cgroup once the command is born there (each task frozen
-    is one more woken per pause and per resume: benchmarks/isolation.py), so a pause
-    freezes the command alone, and ending the command still ends them."""
+async def test_a_pause_freezes_the_sandboxs_processes_and_not_bubblewraps_monitor(
+    host: Host,
+) -> None:
+    """bwrap's monitor is not the sandbox's: under the cgroup freezer it leaves the
+    sandbox's cgroup once the command is born there (each task frozen is one more woken
+    per pause and per resume: benchmarks/isolation.py), so a pause does not freeze it,
+    and ending the command still ends it. Everything in the sandbox's PID namespace stays
+    in the cgroup, bwrap's PID 1 included: the sandbox's user can ptrace that one (bwrap
+    leaves it dumpable), so what it runs must pause and die with the sandbox."""
     sandbox = await host.create_sandbox(isolation="namespaces")
     if not isinstance(sandbox.tree, CgroupFreezer):
         pytest.skip("no cgroup freezer here")
     process = await sandbox.start_process(ProcessSpec(cmd="exec sleep 30"))
     sleeper, _ = await poll(lambda: _user_namespace(process.pid))
-    bwraps = [process.pid, *(c.pid for c in psutil.Process(process.pid).children())]
-    assert [psutil.Process(pid).name() for pid in bwraps] == ["bwrap", "bwrap"]
-    await poll(lambda: sandbox.tree.pids() == [sleeper], what="bwrap's processes gone out")
-    assert process.tree_pids() == [sleeper]
+    (init,) = (c.pid for c in psutil.Process(process.pid).children())
+    assert [psutil.Process(pid).name() for pid in (process.pid, init)] == ["bwrap", "bwrap"]
+    inside = sorted([init, sleeper])
+    await poll(lambda: sandbox.tree.pids() == inside, what="the monitor gone out")
+    assert process.tree_pids() == inside
     await sandbox.pause()
-    assert sandbox.tree.pids() == [sleeper]
+    assert sandbox.tree.pids() == inside
     await sandbox.resume()
     await process.kill()
-    await poll(lambda: not any(alive(pid) for pid in bwraps), what="bwrap's processes ended")
+    await poll(lambda: not alive(process.pid) and not alive(init), what="bwrap's ended")
     assert process.log.exit_code == -signal.SIGTERM
 
 
-async def test_a_launch_started_while_paused_leaves_bubblewrap_out_after_the_resume(
+async def test_a_launch_started_while_paused_leaves_bwraps_monitor_out_after_the_resume(
     host: Host,
 ) -> None:
     """A launch into a paused sandbox is held before bwrap makes its namespaces (its
     wrapper joined the frozen cgroup): the freezer keeps looking, and once the sandbox
-    resumes and the command is born, bwrap's processes leave as for any launch."""
+    resumes and the command is born, bwrap's monitor leaves as for any launch."""
     sandbox = await host.create_sandbox(isolation="namespaces")
     if not isinstance(sandbox.tree, CgroupFreezer):
         pytest.skip("no cgroup freezer here")
@@ -466,8 +471,8 @@ async def test_a_launch_started_while_paused_leaves_bubblewrap_out_after_the_res
     await asyncio.sleep(0.1)  # sleep-ok: a pause that outlasts the freezer's first looks
     assert _user_namespace(process.pid) is None, "nothing of it ran while paused"
     await sandbox.resume()
-    sleeper, _ = await poll(lambda: _user_namespace(process.pid))
-    await poll(lambda: sandbox.tree.pids() == [sleeper], what="bwrap's processes gone out")
+    await poll(lambda: _user_namespace(process.pid), what="the command, after the resume")
+    await poll(lambda: process.pid not in sandbox.tree.pids(), what="the monitor gone out")
     await process.kill()
 
 

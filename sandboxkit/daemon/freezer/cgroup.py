@@ -6,8 +6,8 @@ inside. Nothing leaves a cgroup by forking, double-forking or ``setsid()``, so f
 (``cgroup.freeze``) and killing (``cgroup.kill``) reach every process, and membership is
 one read of ``cgroup.procs`` — no walk of ``/proc``.
 
-An isolated launch's own two bubblewrap processes are born inside too, and moved out
-once the command is (:meth:`CgroupFreezer.settle`): they are not the sandbox's.
+An isolated launch's bubblewrap monitor is born inside too, and moved out once the
+command is (:meth:`CgroupFreezer.settle`): it is not the sandbox's.
 """
 
 from __future__ import annotations
@@ -132,13 +132,15 @@ class CgroupFreezer(Freezer):
 
     def settle(self, launch: str) -> bool:
         """Once bwrap's PID 1 (the child of ``launch``'s leader, bwrap's monitor) has
-        forked the command, inside the cgroup, move the two of them to a cgroup of the
-        sandbox's beside it (its name ends in ``.bwrap``): they only wait for the
-        command, and each task in the cgroup is one more for the kernel to freeze and wake
-        on every pause and resume (+0.06 to +0.14 ms of a 0.5 ms pause + resume of four
-        processes, benchmarks/isolation.py). Nothing of the command's can follow them: a
-        process is born in its parent's cgroup, and they fork nothing more. False while
-        the command is not born yet (a pause holds bwrap's set-up)."""
+        forked the command, inside the cgroup, move the monitor to a cgroup of the
+        sandbox's beside it (its name ends in ``.bwrap``): it only waits for the command,
+        and each task in the cgroup is one more for the kernel to freeze and wake on
+        every pause and resume (the monitor, PID 1 and the command: +0.07 to +0.10 ms of a
+        0.5 ms pause + resume of four processes, benchmarks/isolation.py). Nothing of the
+        sandbox's can follow it or reach it: it forks nothing more, and it is outside the
+        sandbox's PID namespace. PID 1 stays: it is inside, the sandbox's user may ptrace
+        it (bwrap leaves it dumpable), and code put there must pause and die with the
+        sandbox. False while the command is not born yet (a pause holds bwrap's set-up)."""
         leader = self._launches.get(launch)
         if leader is None or self._closed:
             return True
@@ -148,14 +150,12 @@ class CgroupFreezer(Freezer):
             return ident_of(monitor) != leader  # gone, or not born yet
         try:
             self._launchers.parent.mkdir(exist_ok=True)
-            # Each checked just before it moves (a pid is reused only once its process is
-            # reaped): the monitor by its start time, PID 1 as the monitor's child.
-            if (init := read_stat(inits[0])) is not None and init.ppid == monitor:
-                self._move(init.pid, self._launchers)
+            # Checked just before it moves, by its start time (a pid is reused only once
+            # its process is reaped).
             if ident_of(monitor) == leader:
                 self._move(monitor, self._launchers)
         except OSError as exc:
-            logger.debug("bwrap's processes stay in %s: %s", self.path, exc)
+            logger.debug("bwrap's monitor stays in %s: %s", self.path, exc)
         return True
 
     @staticmethod
