@@ -371,7 +371,10 @@ def _escaped(marker: str) -> list[int]:
     found = []
     for proc in _marked(f"{marker}1"):
         with contextlib.suppress(psutil.Error, OSError):
-            if proc.name() == "sleep" and os.getsid(proc.pid) == proc.pid:
+            # Its argv read again, whole: the leader's own (``sh -c "(setsid sleep …1 …"``)
+            # names the marker too until it execs its own sleep, and a name read after
+            # that exec once passed it off as the grandchild.
+            if proc.cmdline() == ["sleep", f"{marker}1"] and os.getsid(proc.pid) == proc.pid:
                 found.append(proc.pid)
     return found
 
@@ -388,8 +391,7 @@ def test_stop_kills_setsid_descendants(tmp_path: Path, freezer: str) -> None:
                 assert http.get(f"/sandboxes/{sid}").json()["freezer"] == freezer
                 made = http.post(f"/sandboxes/{sid}/processes", json={"cmd": _escaping(marker)})
                 leader = made.json()["pid"]
-            wait_until(lambda: _escaped(marker), what="the escaped grandchild")
-            escaped = _escaped(marker)
+            escaped = wait_until(lambda: _escaped(marker), what="the escaped grandchild")
             assert psutil.Process(escaped[0]).ppid() != leader
             assert os.getsid(escaped[0]) != os.getsid(leader)
 
