@@ -80,7 +80,11 @@ for i in range(10**6):
     print(f"line {i}", flush=True)
     time.sleep(0.02)  # sleep-ok: the child process's pace
 """
-counter = lab.commands.run([sys.executable, "-u", "-c", COUNTER], background=True)
+# Its own handle may miss its first line to the policy (a loaded machine starts it before
+# the stream attaches): not what is looked at here, and it lets go at once.
+counter = lab.commands.run(
+    [sys.executable, "-u", "-c", COUNTER], background=True, on_gap=lambda _gap: None
+)
 counter.disconnect()
 lab_panel = ProcessPanel(lab, counter.pid, rows=8)
 lab_panel

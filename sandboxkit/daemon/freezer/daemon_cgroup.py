@@ -103,17 +103,20 @@ def release_daemon_cgroup(timeout: float = 0.5) -> None:
     """When a host closes (blocking): remove the sandbox cgroups whose removal was
     deferred, waiting up to ``timeout`` for what their killed processes take to leave,
     then this daemon's cgroup if nothing else of the process's holds it (another host in
-    the same process keeps it, and makes it again when it needs it)."""
+    the same process keeps it, and makes it again when it needs it). The lock is held
+    for each look only: other hosts' loops take it to make and close sandboxes."""
     deadline = time.monotonic() + timeout
-    with _lock:
-        _retry_deferred()
-        while _deferred and time.monotonic() < deadline:
-            time.sleep(_POLL_INTERVAL)  # sleep-ok: processes leave a cgroup asynchronously
+    while True:
+        with _lock:
             _retry_deferred()
-        base = cgroup_base()
-        if base is not None:
-            with contextlib.suppress(OSError):
-                (base / _name(os.getpid())).rmdir()
+            pending = bool(_deferred)
+        if not pending or time.monotonic() >= deadline:
+            break
+        time.sleep(_POLL_INTERVAL)  # sleep-ok: processes leave a cgroup asynchronously
+    base = cgroup_base()
+    if base is not None:
+        with _lock, contextlib.suppress(OSError):
+            (base / _name(os.getpid())).rmdir()
 
 
 def daemon_cgroup(base: Path) -> Path:
