@@ -92,11 +92,7 @@ def defer_removal(path: Path) -> None:
 
 def _cleanup_at_exit() -> None:
     """Remove deferred sandbox cgroups and this daemon's own cgroup (if empty by now)."""
-    _retry_deferred()
-    base = cgroup_base()
-    if base is not None:
-        with contextlib.suppress(OSError):
-            (base / _name(os.getpid())).rmdir()
+    release_daemon_cgroup(timeout=0)
 
 
 def release_daemon_cgroup(timeout: float = 0.5) -> None:
