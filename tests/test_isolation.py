@@ -30,7 +30,9 @@ from sandboxkit import (
     Sandbox,
 )
 from sandboxkit.daemon import isolation, userns
+from sandboxkit.daemon import process as daemon_process
 from sandboxkit.daemon.config import DaemonConfig
+from sandboxkit.daemon.freezer import cgroup
 from sandboxkit.daemon.freezer.cgroup import CgroupFreezer
 from sandboxkit.daemon.freezer.cgroupfs import cgroup2_mount
 from sandboxkit.daemon.host import Host
@@ -455,6 +457,38 @@ async def test_a_pause_freezes_the_sandboxs_processes_and_not_bubblewraps_monito
     await process.kill()
     await poll(lambda: not alive(process.pid) and not alive(init), what="bwrap's ended")
     assert process.log.exit_code == -signal.SIGTERM
+
+
+async def test_a_freezer_closed_while_it_settles_a_launch_leaves_no_cgroup_behind(
+    host: Host, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``settle`` runs in a thread. A close that comes after its look (the command ended
+    and the sandbox went meanwhile) must not be followed by it making the ``.bwrap``
+    cgroup again, which nothing would then remove."""
+    monkeypatch.setattr(daemon_process, "_SETTLE_AFTER", (3600.0,))  # settled by hand below
+    sandbox = await host.create_sandbox(isolation="namespaces")
+    tree = sandbox.tree
+    if not isinstance(tree, CgroupFreezer):
+        pytest.skip("no cgroup freezer here")
+    launch = await sandbox.start_process(ProcessSpec(cmd="exec sleep 30"))
+    sleeper, _ = await poll(lambda: _user_namespace(launch.pid))
+    looks = 0
+    real = cgroup.children_of
+
+    def look_then_end(pid: int) -> list[int]:
+        nonlocal looks
+        found = real(pid)
+        looks += 1
+        if looks == 2:  # it saw the command: now the command ends and the freezer closes
+            os.kill(sleeper, signal.SIGKILL)
+            wait_until(lambda: sleeper not in tree.pids(), what="the command gone")
+            tree.close()
+        return found
+
+    monkeypatch.setattr(cgroup, "children_of", look_then_end)
+    await asyncio.to_thread(tree.settle, launch.launch)
+    assert looks == 2
+    assert not list(tree.path.parent.glob(tree.path.name + ".*")), "made after the close"
 
 
 async def test_a_launch_started_while_paused_leaves_bwraps_monitor_out_after_the_resume(

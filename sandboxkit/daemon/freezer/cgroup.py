@@ -20,6 +20,7 @@ import os
 import re
 import select
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Final
@@ -94,6 +95,9 @@ class CgroupFreezer(Freezer):
         self.path: Path = path
         self._procs_file = path / "cgroup.procs"
         self._launchers = parent / (path.name + LAUNCHERS_SUFFIX) / "cgroup.procs"
+        # Between settle's last look at `_closed` and its move, a close must not remove
+        # what the move then makes again (settle runs in a thread, close on the loop).
+        self._settling = threading.Lock()
         mount = cgroup2_mount()
         # The cgroup's path as /proc/<pid>/cgroup shows it, for membership checks.
         self._cgpath = "/" + str(path.relative_to(mount)) if mount is not None else ""
@@ -148,14 +152,17 @@ class CgroupFreezer(Freezer):
         inits = children_of(monitor)
         if not inits or not children_of(inits[0]):
             return ident_of(monitor) != leader  # gone, or not born yet
-        try:
-            self._launchers.parent.mkdir(exist_ok=True)
-            # Checked just before it moves, by its start time (a pid is reused only once
-            # its process is reaped).
-            if ident_of(monitor) == leader:
-                self._move(monitor, self._launchers)
-        except OSError as exc:
-            logger.debug("bwrap's monitor stays in %s: %s", self.path, exc)
+        with self._settling:
+            if self._closed:
+                return True
+            try:
+                self._launchers.parent.mkdir(exist_ok=True)
+                # Checked just before it moves, by its start time (a pid is reused only
+                # once its process is reaped).
+                if ident_of(monitor) == leader:
+                    self._move(monitor, self._launchers)
+            except OSError as exc:
+                logger.debug("bwrap's monitor stays in %s: %s", self.path, exc)
         return True
 
     @staticmethod
@@ -258,9 +265,10 @@ class CgroupFreezer(Freezer):
 
     def close(self) -> None:
         """Thaw if needed and remove the cgroup (best effort; retried later if busy)."""
-        if self._closed:
-            return
-        self._closed = True
+        with self._settling:
+            if self._closed:
+                return
+            self._closed = True
         try:
             if self._frozen:
                 with contextlib.suppress(OSError):
