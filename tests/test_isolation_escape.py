@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 from freezer_support import Served, served
 from unprivileged import can_run_unprivileged, served_unprivileged
@@ -34,6 +35,7 @@ pytestmark = [
 ]
 
 WHY_NOT_UNPRIVILEGED = can_run_unprivileged()
+HERE = Path(__file__).parent
 
 
 @pytest.fixture(
@@ -251,6 +253,60 @@ def test_log_segments_are_not_visible_from_inside(scene: Scene) -> None:
         .stdout.splitlines()[-1]
         == "100000"
     )
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the injection is x86-64's")
+def test_bwraps_pid_1_taken_over_still_pauses_and_dies_with_the_sandbox(
+    daemon: Served,
+) -> None:
+    """bubblewrap leaves its PID 1 dumpable under the sandbox's own uid, so a sandboxed
+    process can ptrace it and make it exec anything (tests/take_over_pid1.py). What it
+    then runs is still the sandbox's: a pause stops it, and the sandbox's kill ends it."""
+    conn = {"url": daemon.url, "token": daemon.token}
+    marker = f"pid1-{os.getpid()}-{time.monotonic_ns()}"
+    loop = f"while :; do date +%s%N >> /tmp/{marker}; sleep 0.01; done"
+    with Sandbox.create(**conn) as sbx:
+        sbx.files.write("/home/user/take_over_pid1.py", (HERE / "take_over_pid1.py").read_text())
+        sbx.files.write(f"/tmp/{marker}", "")
+        attack = sbx.commands.run(
+            f"python3 take_over_pid1.py /bin/sh -c {shlex.quote(loop)}; exec sleep 60",
+            background=True,
+        )
+        deadline = time.monotonic() + 10
+        while "taken over" not in attack.stdout and "refused" not in attack.stdout:
+            assert time.monotonic() < deadline, attack.stdout + attack.stderr
+            time.sleep(0.01)  # sleep-ok: poll interval
+        if "refused" in attack.stdout:
+            pytest.skip(f"ptrace of PID 1 is refused here: {attack.stdout}")
+
+        def ticks() -> int:
+            return len(sbx.files.read(f"/tmp/{marker}").splitlines())
+
+        deadline = time.monotonic() + 10
+        while ticks() < 5:
+            assert time.monotonic() < deadline, "the taken-over PID 1 never ticked"
+            time.sleep(0.01)  # sleep-ok: poll interval
+        sbx.pause()
+        frozen = ticks()
+        time.sleep(0.3)  # sleep-ok: long enough for ~30 ticks, had it not been frozen
+        assert ticks() <= frozen + 1, f"PID 1's code ran on while paused ({sbx.get_info().freezer})"
+        sbx.resume()
+        sbx.kill()
+    deadline = time.monotonic() + 10
+    while _running_with(marker):
+        assert time.monotonic() < deadline, f"outlived the sandbox: {_running_with(marker)}"
+        time.sleep(0.01)  # sleep-ok: poll interval
+
+
+def _running_with(marker: str) -> list[int]:
+    """Live processes whose argv names ``marker``."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        if proc.info["status"] != psutil.STATUS_ZOMBIE and any(
+            marker in arg for arg in proc.info["cmdline"] or []
+        ):
+            found.append(proc.pid)
+    return found
 
 
 def test_pause_reaches_every_process_inside(daemon: Served) -> None:
