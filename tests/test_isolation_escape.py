@@ -19,6 +19,7 @@ import httpx
 import psutil
 import pytest
 from freezer_support import Served, served
+from support import wait_until
 from unprivileged import can_run_unprivileged, served_unprivileged
 
 from sandboxkit import CommandExitError, Sandbox
@@ -272,30 +273,33 @@ def test_bwraps_pid_1_taken_over_still_pauses_and_dies_with_the_sandbox(
             f"python3 take_over_pid1.py /bin/sh -c {shlex.quote(loop)}; exec sleep 60",
             background=True,
         )
-        deadline = time.monotonic() + 10
-        while "taken over" not in attack.stdout and "refused" not in attack.stdout:
-            assert time.monotonic() < deadline, attack.stdout + attack.stderr
-            time.sleep(0.01)  # sleep-ok: poll interval
+        wait_until(
+            lambda: "taken over" in attack.stdout or "refused" in attack.stdout,
+            what="the takeover",
+            info=lambda: attack.stdout + attack.stderr,
+        )
         if "refused" in attack.stdout:
             pytest.skip(f"ptrace of PID 1 is refused here: {attack.stdout}")
-
-        def ticks() -> int:
-            return len(sbx.files.read(f"/tmp/{marker}").splitlines())
-
-        deadline = time.monotonic() + 10
-        while ticks() < 5:
-            assert time.monotonic() < deadline, "the taken-over PID 1 never ticked"
-            time.sleep(0.01)  # sleep-ok: poll interval
-        sbx.pause()
-        frozen = ticks()
-        time.sleep(0.3)  # sleep-ok: long enough for ~30 ticks, had it not been frozen
-        assert ticks() <= frozen + 1, f"PID 1's code ran on while paused ({sbx.get_info().freezer})"
-        sbx.resume()
+        _ticks_stop_while_paused(sbx, f"/tmp/{marker}", "PID 1's code")
         sbx.kill()
-    deadline = time.monotonic() + 10
-    while _running_with(marker):
-        assert time.monotonic() < deadline, f"outlived the sandbox: {_running_with(marker)}"
-        time.sleep(0.01)  # sleep-ok: poll interval
+    wait_until(lambda: not _running_with(marker), what="what PID 1 ran to end with the sandbox")
+
+
+def _ticks(sbx: Sandbox, path: str) -> int:
+    return len(sbx.files.read(path).splitlines())
+
+
+def _ticks_stop_while_paused(sbx: Sandbox, path: str, what: str) -> int:
+    """Once ``what`` (a loop inside that appends a line to ``path`` every 10 ms) ticks,
+    pause the sandbox, check that nothing was appended for 0.3 s, resume; the count it
+    held at."""
+    wait_until(lambda: _ticks(sbx, path) >= 5, what=f"{what} to tick")
+    sbx.pause()
+    frozen = _ticks(sbx, path)
+    time.sleep(0.3)  # sleep-ok: long enough for ~30 ticks, had it not been frozen
+    assert _ticks(sbx, path) <= frozen + 1, f"{what} ran on while paused: {sbx.get_info().freezer}"
+    sbx.resume()
+    return frozen
 
 
 def _running_with(marker: str) -> list[int]:
@@ -318,19 +322,5 @@ def test_pause_reaches_every_process_inside(daemon: Served) -> None:
             "(setsid sh -c 'while :; do date +%s%N >> /tmp/ticks; sleep 0.01; done' &)",
         )
 
-        def ticks() -> int:
-            return len(sbx.files.read("/tmp/ticks").splitlines())
-
-        deadline = time.monotonic() + 10
-        while ticks() < 5:
-            assert time.monotonic() < deadline, "the grandchild never ticked"
-            time.sleep(0.01)  # sleep-ok: poll interval
-        sbx.pause()
-        frozen = ticks()
-        time.sleep(0.3)  # sleep-ok: long enough for ~30 ticks, had it not been frozen
-        assert ticks() <= frozen + 1, sbx.get_info().freezer
-        sbx.resume()
-        deadline = time.monotonic() + 10
-        while ticks() < frozen + 5:
-            assert time.monotonic() < deadline, "it did not resume"
-            time.sleep(0.01)  # sleep-ok: poll interval
+        frozen = _ticks_stop_while_paused(sbx, "/tmp/ticks", "the grandchild")
+        wait_until(lambda: _ticks(sbx, "/tmp/ticks") >= frozen + 5, what="it to resume")
