@@ -108,3 +108,59 @@ def test_next_daemon_kills_what_a_sigkilled_daemon_left(tmp_path: Path, freezer:
     finally:
         for pid in _marked(marker):  # if the test failed: leave nothing behind
             os.kill(pid, signal.SIGKILL)
+
+
+def _argv0(pid: int) -> str:
+    try:
+        return str((psutil.Process(pid).cmdline() or [""])[0])
+    except psutil.Error:
+        return ""
+
+
+def _v1_limit_dirs(pid: int) -> list[Path]:
+    """The v1 ``pids``/``memory``/``cpu`` cgroups ``pid`` is in that a daemon made (its
+    sandbox's, below the daemon's own)."""
+    found = []
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        for controller in ("pids", "memory", "cpu"):
+            if controller in controllers.split(",") and "/sandboxkit-" in path:
+                found.append(Path("/sys/fs/cgroup", controller) / path.lstrip("/"))
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(os.geteuid() != 0, reason="v1 limit cgroups are a root daemon's")
+def test_next_daemon_removes_a_sigkilled_daemons_v1_limit_cgroups(tmp_path: Path) -> None:
+    """On a hybrid host a root daemon holds a sandbox's limits in v1 cgroups of its own;
+    the successor that reaps its processes removes those too (they are named in the dead
+    daemon's root lock, as its v2 cgroup is)."""
+    marker = f"{secrets.randbelow(10**6) + 10**6}"
+    try:
+        with served(tmp_path, "--freezer", "signals") as dead:
+            with httpx.Client(base_url=dead.url, headers=dead.headers, timeout=10) as http:
+                sid = http.post("/sandboxes", json={"limits": {"pids": 64}}).json()["sandbox_id"]
+                info = http.get(f"/sandboxes/{sid}").json()
+                if info["limits_enforced"].get("pids") != "cgroup-v1":
+                    pytest.skip(f"no v1 pids cgroup here: {info['limits_enforced']}")
+                cmd = {"cmd": f"exec sleep {marker}"}
+                assert http.post(f"/sandboxes/{sid}/processes", json=cmd).is_success
+                # The sleep itself (its wrapper, which joins the cgroups first, execs it).
+                (sleeper,) = wait_until(
+                    lambda: [p for p in _marked(marker) if _argv0(p) == "sleep"], what="the sleep"
+                )
+            dirs = _v1_limit_dirs(sleeper)
+            assert dirs and all(d.is_dir() for d in dirs)
+            dead.proc.send_signal(signal.SIGKILL)
+            dead.proc.wait(10)
+        with DaemonServer(fast_config()):
+            wait_until(lambda: not alive(sleeper), what="the successor to end the sleep")
+            wait_until(
+                lambda: not any(d.parent.exists() for d in dirs),
+                what="the dead daemon's v1 cgroups to go",
+                info=lambda: [d for d in dirs if d.parent.exists()],
+            )
+    finally:
+        for pid in _marked(marker):
+            os.kill(pid, signal.SIGKILL)

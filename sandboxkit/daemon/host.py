@@ -33,7 +33,7 @@ from sandboxkit.daemon.isolation import (
     write_accounts,
 )
 from sandboxkit.daemon.launch import shell_ulimit
-from sandboxkit.daemon.limits import LimitEnforcer
+from sandboxkit.daemon.limits import LimitEnforcer, v1_daemon_dirs
 from sandboxkit.daemon.process import ManagedProcess
 from sandboxkit.daemon.recovery import ROOT_PREFIX, RootLock, claim_root, recover
 from sandboxkit.daemon.sandbox import ManagedSandbox, OnTimeout
@@ -77,7 +77,9 @@ class Host:
         self.root.mkdir(parents=True, exist_ok=True)
         self._root_lock: RootLock | None = None
         if self._own_root:
-            self._root_lock = claim_root(self.root, daemon_cgroup_for(self.config.freezer))
+            self._root_lock = claim_root(
+                self.root, daemon_cgroup_for(self.config.freezer), v1_daemon_dirs()
+            )
         self.root_missing = False
         """True once the root was found removed from outside (see :meth:`check_root`)."""
         # The daemon's own files for its sandboxes (their output logs), in a directory of

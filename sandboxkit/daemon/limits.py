@@ -8,7 +8,9 @@ which (``get_info().limits_enforced``, ``docs/isolation.md``):
     delegation). Memory is for the whole sandbox, and past it the kernel's OOM killer
     ends a process: the daemon reads ``memory.events`` and records reason ``oom``.
 ``cgroup-v1`` — the same from the v1 ``memory``, ``pids`` and ``cpu`` hierarchies, for a
-    root daemon on a hybrid host (v2 mounted beside v1, as on this project's CI).
+    root daemon on a hybrid host (v2 mounted beside v1, as on this project's CI), below a
+    cgroup of the daemon's named as its v2 one is, and named in its root lock too: a
+    successor removes what a SIGKILLed daemon left (sandboxkit/daemon/recovery.py).
 ``rlimit`` — per-process resource limits, inherited by everything a launch starts:
     ``RLIMIT_AS`` for memory (an allocation past it fails: ENOMEM, no OOM kill),
     ``RLIMIT_NPROC`` for pids (counted per user namespace, so per launch under
@@ -27,9 +29,12 @@ import contextlib
 import logging
 import os
 import re
+import time
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
+from sandboxkit.daemon.freezer.cgroupfs import cgroup_pids, rmdir_tree
+from sandboxkit.daemon.freezer.daemon_cgroup import daemon_cgroup_name, is_daemon_cgroup_name
 from sandboxkit.daemon.launch import wrapper
 from sandboxkit.limits import Limits
 
@@ -183,9 +188,23 @@ def _enable_v2(parent: Path, controller: str) -> bool:
         return False
 
 
+_V1_CONTROLLERS: Final = ("memory", "pids", "cpu")
+_V1_EMPTY_WAIT: Final = 2.0
+
+
 def _v1_dir(controller: str, sandbox_id: str) -> Path | None:
-    """``<v1 root>/<controller>/<the daemon's own v1 cgroup>/sandboxkit-<pid>/sb-<id>``,
-    if that hierarchy is mounted and writable."""
+    """``<v1 root>/<controller>/<the daemon's own v1 cgroup>/sandboxkit-<pid>-<random>/
+    sb-<id>``, if that hierarchy is mounted and writable."""
+    parent = _v1_daemon_dir(controller)
+    if parent is None:
+        return None
+    safe = re.sub(r"[^A-Za-z0-9_-]", "_", sandbox_id)[:100]
+    return parent / f"sb-{safe}"
+
+
+def _v1_daemon_dir(controller: str) -> Path | None:
+    """This daemon's cgroup in the v1 ``controller`` hierarchy (made on first use), named
+    as its v2 one is, if that hierarchy is mounted and writable."""
     mount = _V1_ROOT / controller
     if not (mount / "cgroup.procs").exists() or not os.access(mount, os.W_OK):
         return None
@@ -195,8 +214,38 @@ def _v1_dir(controller: str, sandbox_id: str) -> Path | None:
             _, controllers, path = line.split(":", 2)
             if controller in controllers.split(","):
                 own = path.lstrip("/")
-    safe = re.sub(r"[^A-Za-z0-9_-]", "_", sandbox_id)[:100]
-    return mount / own / f"sandboxkit-{os.getpid()}" / f"sb-{safe}"
+    return mount / own / daemon_cgroup_name()
+
+
+def v1_daemon_dirs() -> list[Path]:
+    """Where a root daemon's v1 limit cgroups go, one per hierarchy it may use: named in
+    its root lock (sandboxkit/daemon/recovery.py), so that a successor removes what a
+    SIGKILLed daemon left; none for any other daemon."""
+    if os.geteuid() != 0:
+        return []
+    return [d for c in _V1_CONTROLLERS if (d := _v1_daemon_dir(c)) is not None]
+
+
+def reap_v1_cgroup(path: Path) -> dict[str, Any] | None:
+    """Remove a dead daemon's v1 limit cgroup ``path`` and its sandboxes' below it, once
+    the processes in them are gone (the successor has just ended them through the v2
+    cgroup or their owner marks; they are waited for, up to 2 s, never killed from here);
+    a report, or None if there was nothing (blocking). ``path`` comes from a file on disk,
+    so it is taken only if it is what a daemon makes: a ``sandboxkit-<pid>-<random>``
+    directory in one of the v1 hierarchies limits use."""
+    if (
+        not path.is_absolute()
+        or ".." in path.parts
+        or not is_daemon_cgroup_name(path.name)
+        or not any(path.is_relative_to(_V1_ROOT / c) for c in _V1_CONTROLLERS)
+        or path.is_symlink()
+        or not path.is_dir()
+    ):
+        return None
+    deadline = time.monotonic() + _V1_EMPTY_WAIT
+    while cgroup_pids(path) and time.monotonic() < deadline:
+        time.sleep(0.005)  # sleep-ok: killed processes leave a cgroup asynchronously
+    return {"found": "cgroup-v1", "cgroup": str(path), "cgroup_removed": rmdir_tree(path)}
 
 
 def _counter(path: Path, key: str) -> int:

@@ -4,18 +4,20 @@ that a live daemon owns is ever touched, whatever that daemon can or cannot see.
 
 **The root lock.** Every daemon holds, for its whole life, an exclusive ``flock`` on a
 lock file in its temporary root (``<tmp>/sandboxkit-…/.sandboxkit-lock``), which names
-the daemon's cgroup. The kernel drops the lock when the daemon's last descriptor of it
-closes — when it exits, however it exits (a zombie holds no files) — so "the lock can be
-taken" is the proof that its owner is gone. It holds across pid namespaces, containers
-that share ``/tmp`` and daemons of other versions, where "is pid N running" is
-meaningless: a pid seen from another namespace is another process, or none.
+the daemon's cgroup (and, for a root daemon on a hybrid host, its cgroups in the v1
+hierarchies its limits use: :func:`~sandboxkit.daemon.limits.v1_daemon_dirs`). The
+kernel drops the lock when the daemon's last descriptor of it closes — when it exits,
+however it exits (a zombie holds no files) — so "the lock can be taken" is the proof
+that its owner is gone. It holds across pid namespaces, containers that share ``/tmp``
+and daemons of other versions, where "is pid N running" is meaningless: a pid seen from
+another namespace is another process, or none.
 
 A daemon that starts scans its temp directory (``TMPDIR``) for ``sandboxkit-*`` roots of
-its own user and, for each, tries the lock without waiting. Locked: a live daemon's, left
-alone. Taken: its owner is dead — the cgroup it names is thawed, everything in it killed
-(setsid'd grandchildren too: nothing leaves a cgroup) and removed, then the root removed,
-then the lock let go. A root without a lock file (being made, or made by a sandboxkit
-before locks) is left alone.
+its own user and, for each, tries the lock without waiting. Locked: a live daemon's,
+left alone. Taken: its owner is dead — the cgroup it names is thawed, everything in it
+killed (setsid'd grandchildren too: nothing leaves a cgroup) and removed, its v1 limit
+cgroups removed once empty, then the root removed, then the lock let go. A root without
+a lock file (being made, or made by a sandboxkit before locks) is left alone.
 
 **Owner marks** reach a dead ``signals`` daemon's processes (no cgroup): every process a
 sandbox starts carries its daemon's pid, start time and pid namespace in its environment
@@ -38,10 +40,12 @@ import secrets
 import shutil
 import stat
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from sandboxkit.daemon.freezer import reap_cgroup, reap_marked_orphans
+from sandboxkit.daemon.limits import reap_v1_cgroup
 
 __all__ = ["LOCK_FILE", "ROOT_PREFIX", "RootLock", "claim_root", "recover"]
 
@@ -64,8 +68,9 @@ class RootLock:
             self._fd = None
 
 
-def claim_root(root: Path, cgroup: Path | None) -> RootLock:
-    """Lock ``root`` as this process's for its lifetime, naming its cgroup.
+def claim_root(root: Path, cgroup: Path | None, v1: Sequence[Path] = ()) -> RootLock:
+    """Lock ``root`` as this process's for its lifetime, naming its cgroup (and ``v1``,
+    its cgroups in the v1 hierarchies its limits may use).
 
     The lock file is written and locked under a temporary name, then renamed into place:
     whoever opens ``LOCK_FILE`` opens a file that is already locked."""
@@ -73,6 +78,7 @@ def claim_root(root: Path, cgroup: Path | None) -> RootLock:
         "pid": os.getpid(),
         "uid": os.geteuid(),
         "cgroup": None if cgroup is None else str(cgroup),
+        "v1": [str(path) for path in v1],
     }
     scratch = root / f"{LOCK_FILE}.{secrets.token_hex(4)}"
     fd = os.open(scratch, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -132,6 +138,12 @@ def recover(tmp: Path | None = None) -> list[dict[str, Any]]:
             if isinstance(cgroup, str) and (found := reap_cgroup(Path(cgroup))) is not None:
                 reports.append({**found, "daemon_pid": record.get("pid")})
         reports += reap_marked_orphans()
+        # Then its v1 limit cgroups, empty by now.
+        for _root, _fd, record in taken:
+            v1 = record.get("v1")
+            for path in v1 if isinstance(v1, list) else []:
+                if isinstance(path, str) and (found := reap_v1_cgroup(Path(path))) is not None:
+                    reports.append({**found, "daemon_pid": record.get("pid")})
         for root, _fd, record in taken:
             shutil.rmtree(root, ignore_errors=True)
             reports.append(

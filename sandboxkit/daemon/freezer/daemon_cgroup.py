@@ -47,8 +47,10 @@ from sandboxkit.daemon.freezer.cgroupfs import (
 __all__ = [
     "LAUNCHERS_SUFFIX",
     "daemon_cgroup",
+    "daemon_cgroup_name",
     "daemon_cgroup_path",
     "defer_removal",
+    "is_daemon_cgroup_name",
     "reap_cgroup",
     "release_daemon_cgroup",
 ]
@@ -69,6 +71,17 @@ _deferred: set[Path] = set()
 @functools.cache
 def _name(pid: int) -> str:
     return f"{PREFIX}{pid}-{secrets.token_hex(4)}"
+
+
+def daemon_cgroup_name() -> str:
+    """This daemon's cgroup's name, ``sandboxkit-<pid>-<random>`` (its v1 limit cgroups
+    have it too: sandboxkit/daemon/limits.py)."""
+    return _name(os.getpid())
+
+
+def is_daemon_cgroup_name(name: str) -> bool:
+    """Whether ``name`` is one :func:`daemon_cgroup_name` gives."""
+    return _DAEMON_RE.match(name) is not None
 
 
 def daemon_cgroup_path() -> Path | None:
