@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hashlib
 import os
 import random
@@ -224,9 +225,22 @@ class ChaosProxy:
         return f"http://127.0.0.1:{self.port}"
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(
-            self._serve, "127.0.0.1", self.port, reuse_address=True
-        )
+        """Listen: on a free port the first time, on the same one after a restart."""
+        # The old listener's close may complete on a later turn of the loop (uvloop
+        # closes its handles there): until it has, listening again fails with EADDRINUSE.
+        deadline = asyncio.get_running_loop().time() + 5
+        while True:
+            try:
+                self._server = await asyncio.start_server(
+                    self._serve, "127.0.0.1", self.port, reuse_address=True
+                )
+                break
+            except OSError as exc:
+                if not self.port or exc.errno != errno.EADDRINUSE:
+                    raise
+                if asyncio.get_running_loop().time() > deadline:
+                    raise
+                await asyncio.sleep(0.01)  # sleep-ok: poll interval, bounded above
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def restart(self) -> None:
