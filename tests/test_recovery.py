@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import secrets
 import signal
+import subprocess
 from pathlib import Path
 
 import httpx
@@ -16,7 +17,8 @@ import pytest
 from freezer_support import alive, served
 from support import fast_config, wait_until
 
-from sandboxkit.daemon.freezer import cgroup_v2_available
+from sandboxkit.daemon.freezer import cgroup_v2_available, daemon_cgroup
+from sandboxkit.daemon.freezer.cgroupfs import cgroup_base, cgroup_pids
 from sandboxkit.daemon.recovery import LOCK_FILE
 from sandboxkit.daemon.server import DaemonServer
 
@@ -164,3 +166,43 @@ def test_next_daemon_removes_a_sigkilled_daemons_v1_limit_cgroups(tmp_path: Path
     finally:
         for pid in _marked(marker):
             os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.skipif(not cgroup_v2_available(), reason="no cgroup v2 freezer")
+def test_a_process_that_joins_a_dead_daemons_cgroup_late_is_killed_and_it_removed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A process the dead daemon spawned just before it died (a sandbox's standby, which
+    it starts unasked) writes its pid into its sandbox's cgroup once it runs: maybe after
+    the successor found the cgroup empty, before it removed it. It is killed all the same,
+    and the cgroup removed."""
+    base = cgroup_base()
+    assert base is not None
+    # Named as a daemon's cgroup, for a pid past the kernel's pid_max: no daemon's.
+    path = base / f"sandboxkit-{2**22 + 1}-{secrets.token_hex(4)}"
+    sandbox = path / "sb-late"
+    sandbox.mkdir(parents=True)
+    late: list[subprocess.Popen[bytes]] = []
+    real = daemon_cgroup.rmdir_tree
+
+    def join_then_remove(root: Path) -> bool:
+        if not late:  # the first removal: the process joins just before it
+            late.append(
+                subprocess.Popen(
+                    ["/bin/sh", "-c", f'echo $$ > "{sandbox}/cgroup.procs" && exec sleep 60']
+                )
+            )
+            wait_until(lambda: late[0].pid in cgroup_pids(path), what="the late joiner in")
+        return real(root)
+
+    monkeypatch.setattr(daemon_cgroup, "rmdir_tree", join_then_remove)
+    try:
+        report = daemon_cgroup.reap_cgroup(path)
+        assert report is not None
+        assert (report["cgroup_removed"], report["processes_killed"]) == (True, 1)
+        assert late[0].wait(5) == -signal.SIGKILL
+    finally:
+        for process in late:
+            process.kill()
+            process.wait()
+        real(path)

@@ -189,8 +189,14 @@ def reap_cgroup(path: Path, timeout: float = 2.0) -> dict[str, Any] | None:
         sandboxes = sum(
             1 for c in path.iterdir() if c.is_dir() and not c.name.endswith(LAUNCHERS_SUFFIX)
         )
+    # Again while a process joins late: one the dead daemon spawned just before it died
+    # (a sandbox's standby, started unasked: sandboxkit/daemon/standby.py) writes its pid
+    # into its cgroup once it runs, maybe after the first pass found the cgroup empty.
+    deadline = time.monotonic() + timeout
     killed = _empty(path, timeout)
-    removed = rmdir_tree(path)
+    while not (removed := rmdir_tree(path)) and time.monotonic() < deadline:
+        killed += _empty(path, max(0.0, deadline - time.monotonic()))
+        time.sleep(_POLL_INTERVAL)  # sleep-ok: a late joiner's write, then its kill
     return {
         "found": "cgroup",
         "cgroup": str(path),
