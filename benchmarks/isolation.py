@@ -133,13 +133,20 @@ def _daemon(unprivileged: bool, *serve_args: str) -> Iterator[Any]:
         yield served
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--tries", type=int, default=20)
-    parser.add_argument("--mb", type=int, default=64)
+def rounds_parser(doc: str, rounds: int, tries: int) -> argparse.ArgumentParser:
+    """The options of a script measuring daemons in rounds: ``--rounds``, ``--tries`` (per
+    figure and round), ``--json`` and ``--unprivileged`` (the daemons as ``nobody``)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--tries", type=int, default=tries)
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--unprivileged", action="store_true", help="the daemon as nobody")
+    parser.add_argument("--unprivileged", action="store_true", help="the daemons as nobody")
+    return parser
+
+
+def main() -> None:
+    parser = rounds_parser(__doc__, rounds=5, tries=20)
+    parser.add_argument("--mb", type=int, default=64)
     args = parser.parse_args()
     if not probe().available:
         raise SystemExit(f"no namespaces here: {probe().reason}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING
 
 import psutil
@@ -29,6 +29,7 @@ from support import fast_config
 from sandboxkit.daemon.config import DaemonConfig
 from sandboxkit.daemon.host import Host
 from sandboxkit.daemon.server import DaemonServer
+from sandboxkit.daemon.standby import SCRIPT as STANDBY_SCRIPT
 
 if TYPE_CHECKING:
     from jupyter_harness import SharedLab
@@ -109,15 +110,30 @@ def no_leaked_processes(request: pytest.FixtureRequest) -> Iterator[None]:
     me = psutil.Process(os.getpid())
     before = {p.pid for p in me.children(recursive=True)}
     yield
+    # A sandbox that outlives its test (in a module's daemon) keeps its next launch
+    # started (sandboxkit/daemon/standby.py): that is checked when the module ends.
+    _none_left(lambda p: p.pid not in before and not _standby(p), "test")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_leaked_standbys() -> Iterator[None]:
+    """No sandbox's standby outlives the module, whose daemons are gone by then (this
+    fixture, set up before them, is torn down after them)."""
+    yield
+    _none_left(_standby, "module")
+
+
+def _none_left(leaked: Callable[[psutil.Process], bool], what: str) -> None:
+    me = psutil.Process(os.getpid())
     deadline = time.monotonic() + 10
     while True:
-        left = [p for p in me.children(recursive=True) if p.pid not in before and _alive(p)]
+        left = [p for p in me.children(recursive=True) if _alive(p) and leaked(p)]
         if not left:
             return
         if time.monotonic() > deadline:
             for p in left:
                 p.kill()
-            pytest.fail(f"test left processes behind: {[p.cmdline() for p in left]}")
+            pytest.fail(f"{what} left processes behind: {[p.cmdline() for p in left]}")
         time.sleep(0.02)  # sleep-ok: poll interval
 
 
@@ -125,6 +141,14 @@ def _alive(p: psutil.Process) -> bool:
     try:
         return p.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
+        return False
+
+
+def _standby(p: psutil.Process) -> bool:
+    """A standby's processes (bubblewrap's, the wrapper) end in its argv."""
+    try:
+        return p.cmdline()[-4:] == ["/bin/sh", "-c", STANDBY_SCRIPT, "sh"]
+    except psutil.Error:
         return False
 
 

@@ -19,7 +19,7 @@ from sandboxkit._proc import pid_alive
 from sandboxkit._version import __version__
 from sandboxkit.cli.find_daemon import state_path
 from sandboxkit.cli.options import add_command, add_state_file
-from sandboxkit.daemon.config import DaemonConfig
+from sandboxkit.daemon.config import STANDBY_MODES, DaemonConfig
 from sandboxkit.daemon.file_span import ZERO_COPY_MODES
 from sandboxkit.statefile import read_state, remove_state
 from sandboxkit.vocab import ENVD_PORT
@@ -54,6 +54,10 @@ CONFIG_OPTIONS: dict[str, str] = {
         "sandboxes while no unisolated one ran (auto), for every sandbox (on: their code is "
         "trusted), or never (off); $SANDBOXKIT_ZERO_COPY sets the default"
     ),
+    "standby": (
+        "keep each sandbox's next launch started ahead, in its cgroups and namespaces, for "
+        "the next command to take (on) or not (off); $SANDBOXKIT_STANDBY sets the default"
+    ),
 }
 """The :class:`DaemonConfig` fields ``serve`` sets from the options of the same name
 (``--retention-bytes`` …), with their help; each option's default and type are the
@@ -63,6 +67,7 @@ _CHOICES: dict[str, list[str]] = {
     "freezer": ["auto", "cgroup", "signals"],
     "isolation": ["auto", "namespaces", "none"],
     "zero_copy": list(ZERO_COPY_MODES),
+    "standby": list(STANDBY_MODES),
 }
 """The options among them that take one of a few names."""
 

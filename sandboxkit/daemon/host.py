@@ -38,6 +38,7 @@ from sandboxkit.daemon.process import ManagedProcess
 from sandboxkit.daemon.recovery import ROOT_PREFIX, RootLock, claim_root, recover
 from sandboxkit.daemon.sandbox import ManagedSandbox, OnTimeout
 from sandboxkit.daemon.segment_store import remove_tree
+from sandboxkit.daemon.standby import Quiet
 from sandboxkit.daemon.userns import DaemonUserns
 from sandboxkit.errors import InvalidArgument, SandboxNotFound, SandboxPaused, WorkdirMissing
 from sandboxkit.lab_options import LabOptions
@@ -91,6 +92,10 @@ class Host:
         self._housekeeper: asyncio.Task[None] | None = None
         self._streams: set[asyncio.Task[None]] = set()
         self.userns = DaemonUserns()
+        self.quiet = Quiet()
+        """When the daemon last made a sandbox or started a launch: its sandboxes' next
+        launches are started ahead only once it is quiet (see
+        :mod:`~sandboxkit.daemon.standby`)."""
         """The user namespace a root daemon's isolated launches join."""
         self.closing = False
 
@@ -126,6 +131,7 @@ class Host:
         if self.closing:
             return
         self.closing = True
+        self.quiet.close()
         if self._housekeeper is not None:
             self._housekeeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -211,6 +217,7 @@ class Host:
                 tmpdir=tmpdir,
                 limits=enforcer,
                 isolation_reason=_why_none(asked, mode),
+                quiet=self.quiet,
             )
         except BaseException:
             # A refused sandbox (e.g. a bad timeout) must not leak its directory or cgroup.
@@ -222,6 +229,7 @@ class Host:
             shutil.rmtree(tmpdir, ignore_errors=True)
             raise
         self.sandboxes[sandbox_id] = sandbox
+        sandbox.warm()
         self.journal.record(
             "sandbox.created", sandbox_id=sandbox_id, reason="user", timeout=timeout
         )

@@ -70,6 +70,7 @@ __all__ = [
     "host_mounts",
     "probe",
     "resolve_mode",
+    "sandbox_account",
     "write_accounts",
 ]
 
@@ -221,7 +222,7 @@ class NamespacePlan:
         launch's own with :meth:`Wrapped.close` once it is spawned). ``user`` is ``user``
         (the default) or ``root`` (root inside the namespace only); InvalidArgument for
         any other."""
-        account = _account(user)
+        account = sandbox_account(user)
         inside, backing = self.inside_path(cwd)
         env = self.env(account)
         cwd_host = str(backing or self.home)
@@ -327,7 +328,9 @@ def host_mounts(hide: tuple[str, ...], dropped: bool) -> tuple[tuple[str, ...], 
     return tmpfs, keep
 
 
-def _account(user: str | None) -> str:
+def sandbox_account(user: str | None) -> str:
+    """The account a process of an isolated sandbox runs as inside: ``user`` (the
+    default, also for ``None`` and ``""``) or ``root``; InvalidArgument for any other."""
     if user in (None, "", "user"):
         return "user"
     if user == "root":

@@ -15,7 +15,6 @@ import struct
 import termios
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sandboxkit.daemon.config import DaemonConfig
@@ -24,107 +23,22 @@ from sandboxkit.daemon.events import EventJournal
 from sandboxkit.daemon.fanout import Fanout
 from sandboxkit.daemon.fds import FdBudget, exhausted
 from sandboxkit.daemon.freezer import Freezer
-from sandboxkit.daemon.isolation import NamespacePlan
+from sandboxkit.daemon.isolation import HOME, NamespacePlan, sandbox_account
 from sandboxkit.daemon.limits import LimitEnforcer
 from sandboxkit.daemon.output_log import OutputLog
 from sandboxkit.daemon.process_io import PtyInput, PtyReader
+from sandboxkit.daemon.process_spec import ProcessSpec, check_exec_size, host_cwd, prepare
 from sandboxkit.daemon.run_as import resolve_user
 from sandboxkit.daemon.spawn import Child, loop_file, spawn
+from sandboxkit.daemon.standby import Standby, StandbySlot, exec_line
 from sandboxkit.daemon.stdin import StdinLedger
 from sandboxkit.errors import InvalidArgument, StdinBusy
 
 __all__ = ["ManagedProcess", "ProcessSpec", "check_exec_size"]
 
 
-@dataclass(frozen=True)
-class ProcessSpec:
-    """What to run: a shell command or an argv, where, with what environment."""
-
-    cmd: str | None = None
-    argv: tuple[str, ...] | None = None
-    cwd: str | None = None
-    envs: dict[str, str] = field(default_factory=dict)
-    pty: bool = False
-    timeout: float | None = None
-    """Kill after this many seconds; ``None`` (the default) means no deadline."""
-    tag: str | None = None
-    user: str | None = None
-    """Run as this account (see :mod:`sandboxkit.daemon.run_as`); ``None``: the daemon's."""
-
-    def __post_init__(self) -> None:
-        if (self.cmd is None) == (self.argv is None):
-            raise InvalidArgument("give exactly one of cmd and argv", field="cmd")
-        if self.argv is not None and not self.argv:
-            raise InvalidArgument("argv must not be empty", field="argv")
-        if self.timeout is not None and self.timeout <= 0:
-            raise InvalidArgument("timeout must be positive", field="timeout")
-
-    def command_line(self) -> list[str]:
-        """The argv to execute."""
-        if self.argv is not None:
-            return list(self.argv)
-        assert self.cmd is not None
-        return ["/bin/sh", "-c", self.cmd]
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict."""
-        data = asdict(self)
-        data["argv"] = list(self.argv) if self.argv is not None else None
-        if data["user"] is None:
-            del data["user"]  # only envd requests name a user
-        return data
-
-
 _COALESCE_UNREAD = 4096
 """Small writes nobody has read yet join one chunk up to this size (see OutputLog)."""
-
-_MAX_ARG_STRLEN = 128 * 1024
-"""Linux refuses (E2BIG) any single argv or environment string this long, NUL included."""
-
-_SETTLE_AFTER = (0.005, 0.02, 0.1, 0.5)
-"""Seconds after an isolated launch's start (then after each look) that the freezer
-settles it (:meth:`ManagedProcess._settle`): its command is born 2-3 ms after the spawn,
-later while the sandbox is paused; after the last, what is left stays."""
-
-
-def _arg_max() -> int:
-    try:
-        return int(os.sysconf("SC_ARG_MAX"))
-    except (OSError, ValueError):
-        return 128 * 1024
-
-
-def check_exec_size(argv: list[str], env: dict[str, str], *, argv_field: str = "argv") -> None:
-    """InvalidArgument unless ``execve`` can take ``argv`` and ``env``: every string under
-    the kernel's per-string limit and all of them (with their pointers) under ARG_MAX.
-    Checked before spawning, so a too-long command is a 422, not a failed fork."""
-    total = 0
-    for arg in argv:
-        size = len(arg.encode("utf-8", "surrogateescape")) + 1
-        if size > _MAX_ARG_STRLEN:
-            raise InvalidArgument(
-                f"an argument of {size} bytes is over the kernel's limit", field=argv_field
-            )
-        total += size + 8
-    argv_total = total
-    for key, value in env.items():
-        size = (
-            len(key.encode("utf-8", "surrogateescape"))
-            + len(value.encode("utf-8", "surrogateescape"))
-            + 2
-        )
-        if size > _MAX_ARG_STRLEN:
-            raise InvalidArgument(
-                f"environment variable {key[:40]!r} is over the kernel's limit", field="envs"
-            )
-        total += size + 8
-    # Headroom for the loader's own use of the stack (auxv, the file name, alignment).
-    if total > _arg_max() - 8192:
-        field = argv_field if argv_total > total - argv_total else "envs"
-        raise InvalidArgument(
-            f"argument list and environment are {total} bytes, over the system's limit",
-            field=field,
-        )
 
 
 class ManagedProcess:
@@ -196,57 +110,88 @@ class ManagedProcess:
         base_env: dict[str, str],
         plan: NamespacePlan | None = None,
         limits: LimitEnforcer | None = None,
+        standby: StandbySlot | None = None,
     ) -> None:
         """Spawn the process in the sandbox's ``freezer`` (and namespaces, with a ``plan``)
-        and start capturing its output."""
-        # InvalidArgument (a bad cwd or user) before anything starts.
-        pass_fds: tuple[int, ...] = ()
-        # What a launch opened for its bwrap (its seccomp filter's pipe) is closed once
-        # it is spawned, or refused.
-        spawned = contextlib.ExitStack()
-        if plan is not None:
-            launch = plan.wrap(self.spec.user, self.spec.cwd)
-            spawned.callback(launch.close)
-            wrap, own_env, cwd, pass_fds = launch.argv, launch.env, launch.cwd, launch.pass_fds
-        else:
-            cwd = self._cwd(workdir)
-            run_as = resolve_user(self.spec.user)
-            own_env = {**os.environ, **(run_as.env() if run_as is not None else {})}
-            wrap = run_as.argv_prefix() if run_as is not None else []
-        with spawned:
-            self.isolated = plan is not None
-            # The owner mark last: a request cannot claim another sandbox's processes.
-            env = {**own_env, **base_env, **self.spec.envs, **freezer.launch_env(self.launch)}
-            self._limits = limits
-            # With limits, one wrapper joins every cgroup and sets the rlimits (one exec).
-            prefix = (
-                limits.launch_prefix(freezer.cgroup_joins())
-                if limits is not None
-                else freezer.launch_prefix()
+        and start capturing its output: by taking the sandbox's ``standby`` where the
+        command fits one (:mod:`~sandboxkit.daemon.standby`), else anew."""
+        self.isolated = plan is not None
+        self._limits = limits
+        # InvalidArgument (a bad cwd or user) before anything starts or is taken.
+        line = self._standby_line(workdir, plan) if standby is not None else None
+        if standby is not None and line is None:
+            standby.soon()  # a launch all the same: the next standby waits for quiet
+        if line is not None and standby is not None:
+            check_exec_size(
+                self.spec.command_line(),
+                {**standby.env, **self.spec.envs},
+                argv_field="argv" if self.spec.argv is not None else "cmd",
             )
-            argv = prefix + wrap + self.spec.command_line()
-            check_exec_size(argv, env, argv_field="argv" if self.spec.argv is not None else "cmd")
-            with freezer.launching(self.launch):
-                child, pty_reader = await self._spawn(argv, cwd, env, pass_fds)
-                self._child = child
-                if self._stdin_pipe is not None and not self._stdin_pipe.is_closing():
-                    # Paused while anything is buffered, resumed once it all went to the child.
-                    self._stdin_pipe.set_write_buffer_limits(high=0, low=0)
-                self.pid = child.pid
-                self._stdin.pid = self.pid
-                # Off the event loop: the first pid written into a new cgroup takes 9-13 ms
-                # (the kernel's cgroup migration), during which every stream of the daemon
-                # would wait. Also where the wrapper joins by itself: left to the wrapper
-                # alone, a namespaced sandbox's first command took about 4 ms longer
-                # (benchmarks/isolation.py).
-                await asyncio.to_thread(freezer.add, self.pid, self.launch, contained=self.isolated)
-                if self.isolated:
-                    self._own(self._settle(freezer))
+            taken = standby.take()
+            if taken is not None:
+                await self._take(taken, line)
+                self._running(freezer)
+                return
+        launch = prepare(self.spec, self.launch, freezer, workdir, base_env, plan, limits)
+        with contextlib.closing(launch), freezer.launching(self.launch):
+            child, pty_reader = await self._spawn(
+                launch.argv, launch.cwd, launch.env, launch.pass_fds
+            )
+            self._child = child
+            if self._stdin_pipe is not None and not self._stdin_pipe.is_closing():
+                # Paused while anything is buffered, resumed once it all went to the child.
+                self._stdin_pipe.set_write_buffer_limits(high=0, low=0)
+            self.pid = child.pid
+            self._stdin.pid = self.pid
+            # Off the event loop: the first pid written into a new cgroup takes 9-13 ms
+            # (the kernel's cgroup migration), during which every stream of the daemon
+            # would wait. Also where the wrapper joins by itself: left to the wrapper
+            # alone, a namespaced sandbox's first command took about 4 ms longer
+            # (benchmarks/isolation.py).
+            await asyncio.to_thread(freezer.add, self.pid, self.launch, contained=self.isolated)
+            if self.isolated:
+                self._own(freezer.settle_soon(self.launch, lambda: self.running))
+        self._running(freezer, pty_reader)
+
+    def _standby_line(self, workdir: str, plan: NamespacePlan | None) -> bytes | None:
+        """The line that makes a standby this process, where it fits one (see
+        :mod:`~sandboxkit.daemon.standby`); validates the user and cwd as a launch does."""
+        spec = self.spec
+        if plan is not None:
+            default_user = sandbox_account(spec.user) == "user"
+            cwd, home = plan.inside_path(spec.cwd)[0], HOME
+        else:
+            default_user = resolve_user(spec.user) is None
+            cwd, home = host_cwd(spec.cwd, workdir), workdir
+        if spec.pty or not default_user:
+            return None
+        return exec_line(spec.command_line(), spec.envs, None if cwd == home else cwd)
+
+    async def _take(self, standby: Standby, line: bytes) -> None:
+        """Become ``standby``: its pipes are this process's, and ``line`` goes down its
+        stdin, ahead of anything else, for its shell to exec the command."""
+        self.launch = standby.launch  # the freezer's name for it, its mark's too
+        child = standby.child
+        await child.join(self)
+        self._child = child
+        self._stdin_pipe = child.stdin
+        if self._stdin_pipe is not None:
+            self._stdin_pipe.write(line)  # into an empty pipe: taken at once
+            self._stdin_pipe.set_write_buffer_limits(high=0, low=0)
+        self.pid = child.pid
+        self._stdin.pid = self.pid
+        # Once the freezer holds it (as a launch's start waits for that too), while the
+        # command already runs.
+        await standby.registered
+
+    def _running(self, freezer: Freezer, pty_reader: PtyReader | None = None) -> None:
+        """Once spawned: its exit watched, its deadline set."""
+        assert self._child is not None
         self._freezer = freezer
         self.started_at = time.time()
         if self.log.disk_error is not None:  # its directory could not even be made
             self._log_degraded("disk_error", self.log.disk_error)
-        self._own(self._watch_exit(child, pty_reader))
+        self._own(self._watch_exit(self._child, pty_reader))
         if self.spec.timeout is not None:
             self._own(self._deadline(self.spec.timeout))
 
@@ -290,19 +235,6 @@ class ManagedProcess:
             field = "cwd" if isinstance(exc, NotADirectoryError) else "cmd"
             raise InvalidArgument(f"cannot execute: {exc}", field=field) from None
         return child, pty_reader
-
-    def _cwd(self, workdir: str) -> str:
-        cwd = self.spec.cwd or workdir
-        if not os.path.isabs(cwd):
-            cwd = os.path.join(workdir, cwd)
-        if not os.path.isdir(cwd):
-            where = (
-                ""
-                if os.path.isabs(self.spec.cwd or "")
-                else (f" (a relative cwd is relative to the sandbox's directory {workdir})")
-            )
-            raise InvalidArgument(f"cwd {self.spec.cwd!r} is not a directory{where}", field="cwd")
-        return cwd
 
     def capture(self, stream: str, data: bytes) -> None:
         """Record output from one of the process's streams."""
@@ -416,16 +348,6 @@ class ManagedProcess:
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.fanout.close()
         self._close_transports()
-
-    async def _settle(self, freezer: Freezer) -> None:
-        """Let the freezer tidy an isolated launch once its command runs (bwrap's own
-        processes out of the sandbox's cgroup: :meth:`Freezer.settle`), and only if it
-        still runs after a moment: most commands of a ``run`` are over by then, and a look
-        while they start competed with them (``run(["true"])`` +0.27 ms on 2 cores)."""
-        for delay in _SETTLE_AFTER:
-            await asyncio.sleep(delay)  # sleep-ok: a pace; a process over by then needs nothing
-            if not self.running or await asyncio.to_thread(freezer.settle, self.launch):
-                return
 
     def _own(self, coro: Any) -> None:
         task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)

@@ -14,14 +14,18 @@ from sandboxkit.daemon.config import DaemonConfig
 from sandboxkit.daemon.events import EventJournal
 from sandboxkit.daemon.fanout import CursorFanout, Fanout
 from sandboxkit.daemon.faults.lab import FaultLab
+from sandboxkit.daemon.fds import FdBudget
 from sandboxkit.daemon.file_span import unisolated_ran, zero_copy_check
 from sandboxkit.daemon.freezer import Freezer
 from sandboxkit.daemon.isolation import NamespacePlan
 from sandboxkit.daemon.limits import LimitEnforcer
 from sandboxkit.daemon.output_log import OutputLog
-from sandboxkit.daemon.process import ManagedProcess, ProcessSpec
+from sandboxkit.daemon.process import ManagedProcess
+from sandboxkit.daemon.process_spec import Launch, ProcessSpec, prepare
 from sandboxkit.daemon.sandbox_paths import remove_directory
 from sandboxkit.daemon.segment_store import remove_tree
+from sandboxkit.daemon.standby import SCRIPT as STANDBY_SCRIPT
+from sandboxkit.daemon.standby import Quiet, StandbySlot
 from sandboxkit.errors import (
     InvalidArgument,
     ProcessNotFound,
@@ -60,6 +64,7 @@ class ManagedSandbox:
         tmpdir: Path | None = None,
         limits: LimitEnforcer | None = None,
         isolation_reason: str = "",
+        quiet: Quiet | None = None,
     ) -> None:
         if timeout is not None and timeout <= 0:
             raise InvalidArgument("timeout must be positive", field="timeout")
@@ -102,6 +107,28 @@ class ManagedSandbox:
         sandbox (mode 0700) by the host, removed with the working directory."""
         self._logs = 0
         self._lock = asyncio.Lock()
+        self.standby: StandbySlot | None = None
+        """Its next launch, started ahead (:mod:`~sandboxkit.daemon.standby`), where a
+        launch is more than one exec (a cgroup or limits to join, namespaces to make)."""
+        if config.standby == "on" and (plan or limits or tree.launch_prefix()):
+            self.standby = StandbySlot(
+                self._prepare_standby,
+                tree,
+                contained=plan is not None,
+                check_fds=FdBudget.current(config.fd_reserve).check_spawn,
+                quiet=quiet,
+            )
+
+    def warm(self) -> None:
+        """Start its standby soon (once it is the host's: a command may take it)."""
+        if self.standby is not None:
+            self.standby.soon()
+
+    def _prepare_standby(self, launch: str) -> Launch:
+        spec = ProcessSpec(argv=("/bin/sh", "-c", STANDBY_SCRIPT, "sh"))
+        return prepare(
+            spec, launch, self.tree, str(self.workdir), self.envs, self.plan, self.limits
+        )
 
     def touch(self) -> None:
         """Note a request that names this sandbox (restarts the idle timeout)."""
@@ -150,7 +177,9 @@ class ManagedSandbox:
         if self.plan is None:
             unisolated_ran()
         process.log.zero_copy = zero_copy_check(self.config.zero_copy, self.plan is not None)
-        await process.start(self.tree, str(self.workdir), self.envs, self.plan, self.limits)
+        await process.start(
+            self.tree, str(self.workdir), self.envs, self.plan, self.limits, self.standby
+        )
         self.processes[process.pid] = process
         self.journal.record(
             "process.started",
@@ -288,8 +317,11 @@ class ManagedSandbox:
                 await self.tree.thaw()
             running = [p for p in self.processes.values() if p.running]
             await asyncio.gather(*(p.kill(reason=f"sandbox_{reason}") for p in running))
-            # Whatever escaped the per-process kill (double-forked daemons) goes now.
+            # Whatever escaped the per-process kill (double-forked daemons) goes now,
+            # and the standby.
             self.tree.signal(signal.SIGKILL)
+            if self.standby is not None:
+                await self.standby.close()
             await asyncio.gather(*(p.close() for p in self.processes.values()))
             for process in self.processes.values():
                 # Results stay readable (from disk) until released; memory goes now.

@@ -14,8 +14,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import uvicorn
 from uvicorn.config import HTTP_PROTOCOLS
@@ -33,7 +34,10 @@ from sandboxkit.daemon.listen import bind_or_say
 from sandboxkit.daemon.tcp_peer import SEND_BUFFER
 from sandboxkit.statefile import DaemonState, remove_state, write_state
 
-__all__ = ["DaemonServer", "UnsafeBind", "is_loopback"]
+__all__ = ["WORKER_THREADS", "DaemonServer", "UnsafeBind", "is_loopback"]
+
+WORKER_THREADS: Final = "sandboxkit-daemon-worker"
+"""The name of the threads a daemon's blocking work runs in (each with a number)."""
 
 
 def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -214,6 +218,11 @@ class DaemonServer:
 
     async def serve(self) -> None:
         """Serve on the running loop until asked to stop."""
+        # The threads the daemon's blocking work runs in (asyncio.to_thread) say whose
+        # they are: an in-process daemon's beside its host's own (shut down with the loop).
+        asyncio.get_running_loop().set_default_executor(
+            ThreadPoolExecutor(thread_name_prefix=WORKER_THREADS)
+        )
         envd = asyncio.ensure_future(self.envd.serve()) if self.envd else None
         try:
             await self._server.serve(sockets=[self._sock])

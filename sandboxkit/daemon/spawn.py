@@ -39,7 +39,7 @@ from typing import Any
 
 from sandboxkit.daemon.process_io import Output, Owner, StdinFlow
 
-__all__ = ["Child", "loop_file", "spawn"]
+__all__ = ["Child", "loop_file", "spawn", "start"]
 
 _PIPE_SIZE = 1024 * 1024
 """Pipe buffers asked for: a chatty process then blocks, and the daemon wakes, a
@@ -71,6 +71,17 @@ class Child:
         """The exit code once reaped: minus the signal for a process a signal ended."""
         return self._popen.returncode
 
+    async def join(self, owner: Owner) -> None:
+        """Put its pipes on the loop, its output going to ``owner``, and watch for its
+        exit. If that fails, the process is killed (and reaped in the background)."""
+        try:
+            await self._join(owner)
+        except BaseException:
+            self.close()
+            if self._pidfd is None and self.returncode is None:
+                self._watch_exit()  # reaped in the background once the kill lands
+            raise
+
     async def _join(self, owner: Owner) -> None:
         pipes = self._pipes
         if pipes is None:
@@ -92,6 +103,15 @@ class Child:
         )
         self.stdin = stdin
         self._watch_exit()
+
+    def poll(self) -> int | None:
+        """Its exit code if it has exited (reaping it), else ``None``: for a child whose
+        exit is not watched yet (not joined)."""
+        return self._popen.poll()
+
+    def wait(self) -> int:
+        """Block until it exits and reap it: for a child never joined (in a thread)."""
+        return self._popen.wait()
 
     def _output_closed(self) -> None:
         self._open_outputs -= 1
@@ -152,12 +172,28 @@ async def spawn(
     """Start ``argv`` in a session of its own, its output going to ``owner``: on pipes,
     or on the pty slave ``terminal`` (then the caller reads the master). ``OSError`` if
     it cannot be executed (nothing is left running then)."""
+    # On the loop, as asyncio's subprocess_exec does: vfork + exec takes well under a
+    # millisecond, and the parent is suspended until the child execs anyway.
+    child = Child(*start(argv, cwd=cwd, env=env, terminal=terminal, pass_fds=pass_fds))
+    await child.join(owner)
+    return child
+
+
+def start(
+    argv: Sequence[str],
+    *,
+    cwd: str,
+    env: Mapping[str, str],
+    terminal: int | None = None,
+    pass_fds: Sequence[int] = (),
+) -> tuple[subprocess.Popen[bytes], _Pipes | None]:
+    """:func:`spawn`'s first half, which any thread may run: the process, started in a
+    session of its own, and its pipes (``None`` on a ``terminal``), not yet on a loop
+    (make a :class:`Child` of both on the loop, then :meth:`Child.join` its owner)."""
     pipes = _Pipes() if terminal is None else None
     theirs: dict[str, Any] = pipes.theirs if pipes is not None else dict.fromkeys(_NAMES, terminal)
     try:
-        # On the loop, as asyncio's subprocess_exec does: vfork + exec takes well under a
-        # millisecond, and the parent is suspended until the child execs anyway.
-        popen = subprocess.Popen(  # noqa: ASYNC220
+        popen = subprocess.Popen(
             argv,
             stdin=theirs["stdin"],
             stdout=theirs["stdout"],
@@ -174,15 +210,7 @@ async def spawn(
     finally:
         if pipes is not None:
             pipes.close_theirs()  # the child has its copies (or never will)
-    child = Child(popen, pipes)
-    try:
-        await child._join(owner)
-    except BaseException:
-        child.close()
-        if child._pidfd is None and child.returncode is None:
-            child._watch_exit()  # reaped in the background once the kill lands
-        raise
-    return child
+    return popen, pipes
 
 
 _NAMES = ("stdin", "stdout", "stderr")

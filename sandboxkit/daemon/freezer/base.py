@@ -12,17 +12,23 @@ leader, its session, the processes whose owner mark (see
 from __future__ import annotations
 
 import abc
+import asyncio
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Final
 
 from sandboxkit.daemon.freezer.marks import MARK_VAR, Mark, MarkReader, daemon_ident, daemon_mark
 from sandboxkit.daemon.freezer.proc import Ident, ProcStat, ident_of, read_stat, send_to
 
-__all__ = ["DEFAULT_FREEZE_TIMEOUT", "Freezer"]
+__all__ = ["DEFAULT_FREEZE_TIMEOUT", "SETTLE_AFTER", "Freezer"]
 
 DEFAULT_FREEZE_TIMEOUT: Final = 2.0
 """Seconds allowed for a freeze to take effect."""
+
+SETTLE_AFTER: Final = (0.005, 0.02, 0.1, 0.5)
+"""Seconds after a contained launch's spawn (then after each look) that
+:meth:`Freezer.settle_soon` settles it: its command is born 2-3 ms after the spawn, later
+while the sandbox is paused; after the last, what is left stays."""
 
 _MAX_ROUNDS: Final = 100
 """Signalling rescans while new processes keep appearing (a fork bomb ends the loop)."""
@@ -92,6 +98,16 @@ class Freezer(abc.ABC):
         be asked again later, the command not being born yet. Nothing here (see
         :meth:`~sandboxkit.daemon.freezer.cgroup.CgroupFreezer.settle`)."""
         return True
+
+    async def settle_soon(self, launch: str, running: Callable[[], bool]) -> None:
+        """:meth:`settle` ``launch`` (in a thread) at each of :data:`SETTLE_AFTER` after
+        its spawn until it is done, and only while ``running()``: most commands of a
+        ``run`` are over by the first, and a look while they start competed with them
+        (``run(["true"])`` +0.27 ms on 2 cores)."""
+        for delay in SETTLE_AFTER:
+            await asyncio.sleep(delay)  # sleep-ok: a pace; a process over by then needs nothing
+            if self._closed or not running() or await asyncio.to_thread(self.settle, launch):
+                return
 
     @abc.abstractmethod
     def _adopt(self, pid: int, contained: bool) -> None:
