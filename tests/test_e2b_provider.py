@@ -173,6 +173,28 @@ def test_run_and_reattach_from_the_cursor_replay_exactly(sbx: Sandbox) -> None:
         again.wait(timeout=10)
 
 
+def test_a_line_cut_by_a_disconnect_continues_whole(sbx: Sandbox) -> None:
+    """A handle left between a line's start and its newline: the handle continued from
+    its cursor gets that line once, whole (as from the daemon's own streams). Before, the
+    line's start was lost: a CI run's reattach test read "" where "51" was."""
+    first: list[str] = []
+    handle = sbx.commands.run(
+        "printf ab; read go; printf 'cd\\nnext\\n'; sleep 30",
+        background=True,
+        on_stdout=first.append,
+    )
+    wait_until(lambda: handle.cursor is not None and handle.cursor >= 2, what="ab")
+    cursor = handle.disconnect()
+    sbx.commands.send_stdin(handle.pid, "go\n")
+    lines: list[str] = []
+    again = sbx.commands.connect(handle.pid, cursor, on_stdout=lines.append)
+    wait_until(lambda: "next" in lines, what="the rest")
+    assert (first, lines) == ([], ["abcd", "next"])
+    assert sbx.commands.kill(handle.pid)
+    with pytest.raises(CommandExitError):
+        again.wait(timeout=10)
+
+
 def test_a_process_started_elsewhere_is_followed_behind_a_gap_of_unknown_size(
     sbx: Sandbox, home: Sandbox
 ) -> None:

@@ -53,7 +53,10 @@ class Reader:
         )
         self._out = bytearray()
         self._err = bytearray()
-        self._partial = {"stdout": "", "stderr": ""}
+        # Continued from a cursor another handle gave: the line it had begun continues
+        # here, whole. (No character is split: the e2b SDK hands over text.)
+        given = cursor if isinstance(cursor, Cursor) else Cursor(0)
+        self._partial = {"stdout": given.stdout_line, "stderr": given.stderr_line}
         self.bytes_dropped = 0
         self.end_reason: str | None = None
         """E2B says only the exit code, not what ended a process."""
@@ -73,7 +76,14 @@ class Reader:
 
     @property
     def cursor(self) -> Cursor:
-        return Cursor(self._cursor)
+        """Where this reader is: the byte after the last it delivered, carrying the line
+        it began there (see :class:`~sandboxkit.client.output.Cursor`), as the daemon's
+        streams do: a handle continued from it delivers that line once, whole."""
+        return Cursor(
+            self._cursor,
+            stdout_line=self._partial["stdout"],
+            stderr_line=self._partial["stderr"],
+        )
 
     @property
     def ended(self) -> bool:
