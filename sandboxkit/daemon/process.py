@@ -117,21 +117,9 @@ class ManagedProcess:
         command fits one (:mod:`~sandboxkit.daemon.standby`), else anew."""
         self.isolated = plan is not None
         self._limits = limits
-        # InvalidArgument (a bad cwd or user) before anything starts or is taken.
-        line = self._standby_line(workdir, plan) if standby is not None else None
-        if standby is not None and line is None:
-            standby.soon()  # a launch all the same: the next standby waits for quiet
-        if line is not None and standby is not None:
-            check_exec_size(
-                self.spec.command_line(),
-                {**standby.env, **self.spec.envs},
-                argv_field="argv" if self.spec.argv is not None else "cmd",
-            )
-            taken = standby.take()
-            if taken is not None:
-                await self._take(taken, line)
-                self._running(freezer)
-                return
+        if standby is not None and await self._start_on(standby, workdir, plan):
+            self._running(freezer)
+            return
         launch = prepare(self.spec, self.launch, freezer, workdir, base_env, plan, limits)
         with contextlib.closing(launch), freezer.launching(self.launch):
             child, pty_reader = await self._spawn(
@@ -152,6 +140,27 @@ class ManagedProcess:
             if self.isolated:
                 self._own(freezer.settle_soon(self.launch, lambda: self.running))
         self._running(freezer, pty_reader)
+
+    async def _start_on(
+        self, standby: StandbySlot, workdir: str, plan: NamespacePlan | None
+    ) -> bool:
+        """Start by taking the sandbox's standby, if the command fits one and one is
+        ready; False to start it anew. InvalidArgument (a bad cwd or user, a command over
+        the kernel's limits) before anything is taken."""
+        line = self._standby_line(workdir, plan)
+        if line is None:
+            standby.soon()  # a launch all the same: the next standby waits for quiet
+            return False
+        check_exec_size(
+            self.spec.command_line(),
+            {**standby.env, **self.spec.envs},
+            argv_field="argv" if self.spec.argv is not None else "cmd",
+        )
+        taken = standby.take()
+        if taken is None:
+            return False
+        await self._take(taken, line)
+        return True
 
     def _standby_line(self, workdir: str, plan: NamespacePlan | None) -> bytes | None:
         """The line that makes a standby this process, where it fits one (see

@@ -34,10 +34,15 @@ the wrapper.
 What it costs: one sleeping process per sandbox (two with namespaces: bubblewrap's PID 1
 and the shell; bubblewrap's monitor leaves the cgroup as any launch's does), in the
 sandbox's cgroup and under its limits (0.2 MB of its own memory, 0.5 MB with
-namespaces), and three pipes in the daemon. It is paused,
-killed and recovered as the sandbox's other processes are: it is a launch of the
-freezer's, carrying its owner mark. Nothing else can write to its stdin: the pipe's
-other end is the daemon's alone.
+namespaces), and three pipes in the daemon. It is paused, killed and recovered as the
+sandbox's other processes are: it is a launch of the freezer's, carrying its owner mark.
+
+Who can reach its stdin: the pipe's other end is the daemon's. In namespaces the standby
+is in a PID namespace of its own, out of every other process's sight, so the daemon alone
+writes to it. Without isolation, a process running as the daemon's user could open it
+through ``/proc`` and put a line in first, which then runs as the sandbox's next command:
+nothing it could not do already (it can signal, ptrace and rewrite anything of that user's,
+docs/isolation.md), and never the daemon's own code.
 """
 
 from __future__ import annotations
@@ -52,9 +57,10 @@ import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from subprocess import Popen
-from typing import Any, Final, Protocol, TypeVar
+from typing import Any, Final, TypeVar
 
 from sandboxkit.daemon.freezer import MARK_VAR, Freezer
+from sandboxkit.daemon.process_spec import Launch
 from sandboxkit.daemon.spawn import Child, start
 
 __all__ = ["MAX_LINE", "QUIET", "SCRIPT", "Quiet", "Standby", "StandbySlot", "exec_line"]
@@ -106,21 +112,6 @@ def exec_line(argv: Sequence[str], envs: Mapping[str, str], cwd: str | None) -> 
     except UnicodeEncodeError:  # a lone surrogate: the usual way reports it
         return None
     return line if len(line) <= MAX_LINE else None
-
-
-class Prepared(Protocol):
-    """A launch ready to spawn (what :func:`sandboxkit.daemon.process_spec.prepare`
-    gives)."""
-
-    @property
-    def argv(self) -> list[str]: ...
-    @property
-    def env(self) -> dict[str, str]: ...
-    @property
-    def cwd(self) -> str: ...
-    @property
-    def pass_fds(self) -> tuple[int, ...]: ...
-    def close(self) -> None: ...
 
 
 @dataclass
@@ -209,7 +200,7 @@ class StandbySlot:
 
     def __init__(
         self,
-        prepare: Callable[[str], Prepared],
+        prepare: Callable[[str], Launch],
         freezer: Freezer,
         *,
         contained: bool,
@@ -308,7 +299,7 @@ class StandbySlot:
         self.env = standby.env
         return standby
 
-    async def _launch(self, launch: str, prepared: Prepared, made: asyncio.Future[Standby]) -> None:
+    async def _launch(self, launch: str, prepared: Launch, made: asyncio.Future[Standby]) -> None:
         """Spawn the standby (``made`` once spawned), have the freezer hold it (its
         ``registered``), then settle it as any isolated launch."""
         loop = asyncio.get_running_loop()
@@ -341,7 +332,7 @@ class StandbySlot:
         if self._contained:
             await self._freezer.settle_soon(launch, standby.alive)
 
-    def _spawn_when_quiet(self, prepared: Prepared) -> tuple[Popen[bytes], Any]:
+    def _spawn_when_quiet(self, prepared: Launch) -> tuple[Popen[bytes], Any]:
         """The spawn (in one of the daemon's threads), unless the daemon got busy while
         this waited for the thread: after many sandboxes were made, their standbys queue
         for the threads, and spawned while commands start they slowed every start."""
