@@ -1,9 +1,11 @@
-"""What a sandbox's standby buys a command: with and without, in one run.
+"""What a sandbox's launcher, or its shell standby, buys a command: each and neither, in
+one run.
 
-The standby is a sandbox's next launch started ahead (sandboxkit/daemon/standby.py). Two
-daemons of this checkout, one with ``--standby on`` (the default) and one with
-``--standby off`` (the baseline), measured in interleaved rounds, without and with
-isolation:
+Three daemons of this checkout, measured in interleaved rounds, without and with
+isolation: ``--standby on`` (the default: a launcher in each sandbox that forks its
+commands, sandboxkit/daemon/launcher.py), ``--standby shell`` (the next launch started
+ahead, a shell that one command takes, sandboxkit/daemon/standby.py) and ``--standby
+off`` (the baseline):
 
 - ``run(["true"])`` in a running sandbox, back to back (``4 × --tries``), p50 per round;
 - the same at a notebook's pace (``--pace`` seconds between commands: what a person
@@ -11,7 +13,7 @@ isolation:
 - ``create()`` + first command, p50 per round;
 
 beside an asyncio spawn + wait of ``true`` in this process (issue 22's anchor). Printed as
-on / off ratios with the absolute figures, the median of the rounds.
+on / off and shell / off ratios with the absolute figures, the median of the rounds.
 
     python3 benchmarks/standby.py [--rounds 4] [--tries 15] [--pace 0.5] [--json]
                                   [--unprivileged]
@@ -31,7 +33,7 @@ from isolation import _daemon, create_first, rounds_parser, run_true, spawn_wait
 from sandboxkit import AsyncSandbox
 from sandboxkit.daemon.isolation import probe
 
-DAEMONS = ("on", "off")
+DAEMONS = ("on", "shell", "off")
 
 
 async def paced_run(info: Any, mode: str, tries: int, pace: float) -> float:
@@ -61,7 +63,7 @@ def main() -> None:
         }
         anchor = []
         for round_ in range(args.rounds):
-            order = DAEMONS if round_ % 2 == 0 else DAEMONS[::-1]
+            order = DAEMONS[round_ % 3 :] + DAEMONS[: round_ % 3]
             anchor.append(asyncio.run(spawn_wait(args.tries)) * 1e3)
             for daemon in order:
                 info = daemons[daemon]
@@ -78,18 +80,26 @@ def main() -> None:
                         note(name, daemon, asyncio.run(measure))
     result: dict[str, Any] = {"anchor_spawn_wait_ms": statistics.median(anchor)}
     for name, by in figures.items():
-        on, off = statistics.median(by["on"]), statistics.median(by["off"])
-        result[name] = {"on_ms": on, "off_ms": off, "ratio": on / off, "rounds": by}
+        p50 = {d: statistics.median(by[d]) for d in DAEMONS}
+        result[name] = {
+            **{f"{d}_ms": p50[d] for d in DAEMONS},
+            "ratio": p50["on"] / p50["off"],
+            "shell_ratio": p50["shell"] / p50["off"],
+            "rounds": by,
+        }
     if args.json:
         print(json.dumps(result, indent=2))
         return
     spawn = result["anchor_spawn_wait_ms"]
-    print(f"{'figure (p50, ms)':34} {'standby on':>11} {'off':>8} {'on/off':>7} {'on/spawn':>9}")
+    print(
+        f"{'figure (p50, ms)':34} {'launcher':>9} {'shell':>7} {'off':>7} {'on/off':>7}"
+        f" {'shell/off':>9} {'on/spawn':>9}"
+    )
     for name, fig in result.items():
         if isinstance(fig, dict):
             print(
-                f"{name:34} {fig['on_ms']:11.2f} {fig['off_ms']:8.2f} {fig['ratio']:7.2f}"
-                f" {fig['on_ms'] / spawn:9.2f}"
+                f"{name:34} {fig['on_ms']:9.2f} {fig['shell_ms']:7.2f} {fig['off_ms']:7.2f}"
+                f" {fig['ratio']:7.2f} {fig['shell_ratio']:9.2f} {fig['on_ms'] / spawn:9.2f}"
             )
     print(f"anchor: asyncio spawn + wait of true {spawn:.2f} ms")
 

@@ -312,7 +312,8 @@ class StdinBusy(Retriable):
 
 class ResourceExhausted(Retriable):
     """The daemon is out of ``resource`` (``file_descriptors``, ``connections``) up to its
-    ``limit``: nothing was done. Retryable once other processes or connections end."""
+    ``limit``, or a sandbox's ``launcher`` did not answer: nothing was done. Retryable once
+    other processes or connections end (a sandbox's next command starts a new launcher)."""
 
     code = "resource_exhausted"
     status = 503

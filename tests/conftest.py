@@ -5,6 +5,7 @@ run and a chromium per module."""
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING
@@ -110,14 +111,15 @@ def no_leaked_processes(request: pytest.FixtureRequest) -> Iterator[None]:
     me = psutil.Process(os.getpid())
     before = {p.pid for p in me.children(recursive=True)}
     yield
-    # A sandbox that outlives its test (in a module's daemon) keeps its next launch
-    # started (sandboxkit/daemon/standby.py): that is checked when the module ends.
+    # A sandbox that outlives its test (in a module's daemon) keeps its launcher or its
+    # next launch started (sandboxkit/daemon/launcher.py, standby.py): that is checked
+    # when the module ends.
     _none_left(lambda p: p.pid not in before and not _standby(p), "test")
 
 
 @pytest.fixture(scope="module", autouse=True)
 def no_leaked_standbys() -> Iterator[None]:
-    """No sandbox's standby outlives the module, whose daemons are gone by then (this
+    """No sandbox's launcher or standby outlives the module, whose daemons are gone by then (this
     fixture, set up before them, is torn down after them)."""
     yield
     _none_left(_standby, "module")
@@ -145,11 +147,17 @@ def _alive(p: psutil.Process) -> bool:
 
 
 def _standby(p: psutil.Process) -> bool:
-    """A standby's processes (bubblewrap's, the wrapper) end in its argv."""
+    """A standby's or a launcher's processes (bubblewrap's, the wrapper) end in its argv
+    (a launcher's: its program's descriptor and its socket's)."""
     try:
-        return p.cmdline()[-4:] == ["/bin/sh", "-c", STANDBY_SCRIPT, "sh"]
+        argv = p.cmdline()
     except psutil.Error:
         return False
+    launcher = len(argv) >= 2 and _LAUNCHER.fullmatch(argv[-2]) and argv[-1].isdigit()
+    return argv[-4:] == ["/bin/sh", "-c", STANDBY_SCRIPT, "sh"] or bool(launcher)
+
+
+_LAUNCHER = re.compile(r"/proc/self/fd/\d+")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

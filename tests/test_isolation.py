@@ -527,8 +527,10 @@ def _said(process: Any) -> str:
 
 def _user_namespace(leader: int) -> tuple[int, str] | None:
     """The pid and user namespace of the command a launch runs (the sleep at the bottom
-    of its tree), once it runs."""
-    for child in psutil.Process(leader).children(recursive=True):
+    of its tree, or the leader itself where the sandbox's launcher forked it), once it
+    runs."""
+    top = psutil.Process(leader)
+    for child in (top, *top.children(recursive=True)):
         if child.name() == "sleep":
             return child.pid, os.readlink(f"/proc/{child.pid}/ns/user")
     return None

@@ -115,7 +115,7 @@ async def _output(process: ManagedProcess) -> tuple[int | None, bytes, bytes]:
 async def sandbox(request: pytest.FixtureRequest) -> ManagedSandbox:
     if request.param == "namespaces" and not isolation.probe().available:
         pytest.skip("no namespaces here")
-    async with Host(fast_config()) as host:
+    async with Host(fast_config(standby="shell")) as host:
         made = await host.create_sandbox(isolation=request.param)
         if made.standby is None:
             pytest.skip("a launch here is one exec: no standby")

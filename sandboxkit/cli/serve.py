@@ -55,8 +55,10 @@ CONFIG_OPTIONS: dict[str, str] = {
         "trusted), or never (off); $SANDBOXKIT_ZERO_COPY sets the default"
     ),
     "standby": (
-        "keep each sandbox's next launch started ahead, in its cgroups and namespaces, for "
-        "the next command to take (on) or not (off); $SANDBOXKIT_STANDBY sets the default"
+        "keep a process started in each sandbox's cgroups and namespaces: a launcher that "
+        "forks its commands (on; where none was built at install, as shell), the next "
+        "launch, which one command takes (shell), or neither (off); $SANDBOXKIT_STANDBY "
+        "sets the default"
     ),
 }
 """The :class:`DaemonConfig` fields ``serve`` sets from the options of the same name

@@ -14,7 +14,7 @@ from sandboxkit.lab_options import GHOST_BUFFER
 __all__ = ["STANDBY_MODES", "DaemonConfig", "LabDefaults"]
 
 
-STANDBY_MODES: Final = ("on", "off")
+STANDBY_MODES: Final = ("on", "shell", "off")
 """What :attr:`DaemonConfig.standby` takes."""
 
 
@@ -138,12 +138,12 @@ class DaemonConfig:
     any log's files), ``on`` (every log: a daemon whose sandboxes all run trusted code)
     or ``off``; ``$SANDBOXKIT_ZERO_COPY`` sets the default."""
     standby: str = field(default_factory=lambda: os.environ.get("SANDBOXKIT_STANDBY", "on"))
-    """Keep each sandbox's next launch started ahead, in its cgroups and namespaces, for a
-    command to take (``sandboxkit/daemon/standby.py``): ``on`` (default) or ``off``;
-    ``$SANDBOXKIT_STANDBY`` sets the default. A notebook's command, started a while after
-    the last, skips the wait for the kernel's cgroup migration and bubblewrap's set-up
-    (``run(["true"])`` 11 → 3.7 ms, isolated 19 → 4.3 ms on the 2-core test machine,
-    docs/performance.md), for one sleeping process per sandbox."""
+    """Keep a process started ahead in each sandbox's cgroups and namespaces, so that a
+    command skips the kernel's cgroup migration and bubblewrap's set-up: ``on`` (default)
+    a launcher that forks every command (``sandboxkit/daemon/launcher.py``; where none was
+    built at install, as ``shell``), ``shell`` a shell that one command takes
+    (``sandboxkit/daemon/standby.py``), ``off`` neither; ``$SANDBOXKIT_STANDBY`` sets the
+    default. One sleeping process per sandbox (docs/performance.md)."""
     http: str = field(default_factory=lambda: os.environ.get("SANDBOXKIT_HTTP", "auto"))
     """uvicorn's HTTP implementation: ``auto`` (httptools when installed, as with
     ``sandboxkit[fast]``), ``h11`` or ``httptools``; ``$SANDBOXKIT_HTTP`` sets the default."""

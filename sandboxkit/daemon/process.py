@@ -24,15 +24,23 @@ from sandboxkit.daemon.fanout import Fanout
 from sandboxkit.daemon.fds import FdBudget, exhausted
 from sandboxkit.daemon.freezer import Freezer
 from sandboxkit.daemon.isolation import HOME, NamespacePlan, sandbox_account
+from sandboxkit.daemon.launcher import LauncherGone
+from sandboxkit.daemon.launcher_slot import LauncherSlot
 from sandboxkit.daemon.limits import LimitEnforcer
 from sandboxkit.daemon.output_log import OutputLog
 from sandboxkit.daemon.process_io import PtyInput, PtyReader
-from sandboxkit.daemon.process_spec import ProcessSpec, check_exec_size, host_cwd, prepare
+from sandboxkit.daemon.process_spec import (
+    ProcessSpec,
+    check_exec_size,
+    direct,
+    host_cwd,
+    prepare,
+)
 from sandboxkit.daemon.run_as import resolve_user
 from sandboxkit.daemon.spawn import Child, loop_file, spawn
 from sandboxkit.daemon.standby import Standby, StandbySlot, exec_line
 from sandboxkit.daemon.stdin import StdinLedger
-from sandboxkit.errors import InvalidArgument, StdinBusy
+from sandboxkit.errors import InvalidArgument, ResourceExhausted, StdinBusy
 
 __all__ = ["ManagedProcess", "ProcessSpec", "check_exec_size"]
 
@@ -98,8 +106,11 @@ class ManagedProcess:
         """Names this process and all it starts to the freezer (see ``Freezer``)."""
         self._freezer: Freezer | None = None
         self.isolated = False
-        self._limits: LimitEnforcer | None = None
         """Whether it runs in namespaces (set by :meth:`start`)."""
+        self._limits: LimitEnforcer | None = None
+        self._forked = False
+        """Whether the sandbox's launcher forked it: then its exit code is its own, not
+        bubblewrap's (128 + a signal)."""
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -110,14 +121,19 @@ class ManagedProcess:
         base_env: dict[str, str],
         plan: NamespacePlan | None = None,
         limits: LimitEnforcer | None = None,
-        standby: StandbySlot | None = None,
+        standby: StandbySlot | LauncherSlot | None = None,
     ) -> None:
         """Spawn the process in the sandbox's ``freezer`` (and namespaces, with a ``plan``)
-        and start capturing its output: by taking the sandbox's ``standby`` where the
-        command fits one (:mod:`~sandboxkit.daemon.standby`), else anew."""
+        and start capturing its output: through the sandbox's launcher
+        (:mod:`~sandboxkit.daemon.launcher`) or by taking its ``standby``
+        (:mod:`~sandboxkit.daemon.standby`) where the command fits, else anew."""
         self.isolated = plan is not None
         self._limits = limits
-        if standby is not None and await self._start_on(standby, workdir, plan):
+        if isinstance(standby, LauncherSlot):
+            if await self._start_via(standby, freezer, workdir, base_env, plan):
+                self._running(freezer)
+                return
+        elif standby is not None and await self._start_on(standby, workdir, plan):
             self._running(freezer)
             return
         launch = prepare(self.spec, self.launch, freezer, workdir, base_env, plan, limits)
@@ -140,6 +156,50 @@ class ManagedProcess:
             if self.isolated:
                 self._own(freezer.settle_soon(self.launch, lambda: self.running))
         self._running(freezer, pty_reader)
+
+    async def _start_via(
+        self,
+        slot: LauncherSlot,
+        freezer: Freezer,
+        workdir: str,
+        base_env: dict[str, str],
+        plan: NamespacePlan | None,
+    ) -> bool:
+        """Start through the sandbox's launcher (started now if need be) if the command
+        fits and the sandbox is not paused (its launcher is frozen with it); False to start
+        it anew. InvalidArgument (a bad cwd or user, a command over the kernel's limits)
+        as anew."""
+        launch = direct(self.spec, self.launch, freezer, workdir, base_env, plan)
+        launcher = None if launch is None or freezer.frozen else await slot.ready()
+        if launch is None or launcher is None or freezer.frozen:
+            slot.touch()
+            return False
+        budget = FdBudget.current(self.config.fd_reserve)
+        budget.check_spawn()
+        with freezer.launching(self.launch):
+            try:
+                child = await launcher.spawn(
+                    launch.argv, launch.env, launch.cwd, self, lambda: freezer.frozen
+                )
+            except LauncherGone:
+                return False
+            except ResourceExhausted:
+                # It may have forked the command before it went silent: nothing of the
+                # refused request may run (a process carrying its launch's mark).
+                freezer.signal_launch(self.launch, signal.SIGKILL)
+                raise
+            except OSError as exc:
+                raise _spawn_error(exc, budget) from None
+            self._child = child
+            self._stdin_pipe = child.stdin
+            if self._stdin_pipe is not None:
+                self._stdin_pipe.set_write_buffer_limits(high=0, low=0)
+            self.pid = child.pid
+            self._stdin.pid = self.pid
+            self._forked = True
+            # Born in the cgroup already: registering it moves nothing (no thread needed).
+            freezer.add(self.pid, self.launch, contained=self.isolated)
+        return True
 
     async def _start_on(
         self, standby: StandbySlot, workdir: str, plan: NamespacePlan | None
@@ -237,12 +297,7 @@ class ManagedProcess:
                 child = await spawn(argv, cwd=cwd, env=env, owner=self, pass_fds=pass_fds)
                 self._stdin_pipe = child.stdin
         except OSError as exc:
-            if exc.errno in (errno.EMFILE, errno.ENFILE):
-                raise exhausted(budget.limit) from None
-            # Not found, not permitted, not an executable, too long (E2BIG): the request's
-            # fault, refused with nothing started.
-            field = "cwd" if isinstance(exc, NotADirectoryError) else "cmd"
-            raise InvalidArgument(f"cannot execute: {exc}", field=field) from None
+            raise _spawn_error(exc, budget) from None
         return child, pty_reader
 
     def capture(self, stream: str, data: bytes) -> None:
@@ -260,7 +315,7 @@ class ManagedProcess:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(asyncio.gather(*closers), self.config.exit_drain)
         code = child.returncode
-        if self.isolated and code is not None and 128 < code <= 128 + 64:
+        if self.isolated and not self._forked and code is not None and 128 < code <= 128 + 64:
             # bwrap reports a command that a signal ended as 128 + the signal, as a shell
             # does; the daemon's convention (and without isolation) is minus the signal.
             code = 128 - code
@@ -510,3 +565,13 @@ class ManagedProcess:
             "stdin_limit": self.config.stdin_buffer,
             "stdin_sessions": len(self._stdin),
         }
+
+
+def _spawn_error(exc: OSError, budget: FdBudget) -> Exception:
+    """What a spawn's OSError is to the request: out of descriptors a typed 503; not
+    found, not permitted, not an executable, too long (E2BIG) the request's fault,
+    refused with nothing started."""
+    if exc.errno in (errno.EMFILE, errno.ENFILE):
+        return exhausted(budget.limit)
+    field = "cwd" if isinstance(exc, NotADirectoryError) else "cmd"
+    return InvalidArgument(f"cannot execute: {exc}", field=field)

@@ -11,12 +11,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
 from sandboxkit.daemon.freezer import Freezer
-from sandboxkit.daemon.isolation import NamespacePlan, Wrapped
+from sandboxkit.daemon.isolation import NamespacePlan, Wrapped, sandbox_account
 from sandboxkit.daemon.limits import LimitEnforcer
 from sandboxkit.daemon.run_as import resolve_user
 from sandboxkit.errors import InvalidArgument
 
-__all__ = ["Launch", "ProcessSpec", "check_exec_size", "host_cwd", "prepare"]
+__all__ = ["Launch", "ProcessSpec", "check_exec_size", "direct", "host_cwd", "prepare"]
 
 
 @dataclass(frozen=True)
@@ -154,6 +154,34 @@ def prepare(
         check_exec_size(argv, env, argv_field="argv" if spec.argv is not None else "cmd")
         refused.pop_all()
     return prepared._replace(argv=argv, env=env)
+
+
+def direct(
+    spec: ProcessSpec,
+    launch: str,
+    freezer: Freezer,
+    workdir: str,
+    base_env: dict[str, str],
+    plan: NamespacePlan | None,
+) -> Launch | None:
+    """``spec`` as a sandbox's launcher starts it (:mod:`~sandboxkit.daemon.launcher`),
+    from inside the sandbox: its own argv, its environment, its working directory as the
+    sandbox sees it. ``None`` unless it runs on pipes as the sandbox's default user (what
+    the launcher is). InvalidArgument as :func:`prepare`."""
+    if spec.pty:
+        return None
+    if plan is not None:
+        if sandbox_account(spec.user) != "user":
+            return None
+        cwd, own_env = plan.inside_path(spec.cwd)[0], plan.env("user")
+    else:
+        if resolve_user(spec.user) is not None:
+            return None
+        cwd, own_env = host_cwd(spec.cwd, workdir), dict(os.environ)
+    env = {**own_env, **base_env, **spec.envs, **freezer.launch_env(launch)}
+    argv = spec.command_line()
+    check_exec_size(argv, env, argv_field="argv" if spec.argv is not None else "cmd")
+    return Launch(argv, env, cwd, (), None)
 
 
 def host_cwd(cwd: str | None, workdir: str) -> str:

@@ -18,14 +18,15 @@ from sandboxkit.daemon.fds import FdBudget
 from sandboxkit.daemon.file_span import unisolated_ran, zero_copy_check
 from sandboxkit.daemon.freezer import Freezer
 from sandboxkit.daemon.isolation import NamespacePlan
+from sandboxkit.daemon.launcher import program_fd
+from sandboxkit.daemon.launcher_slot import LauncherSlot
 from sandboxkit.daemon.limits import LimitEnforcer
 from sandboxkit.daemon.output_log import OutputLog
 from sandboxkit.daemon.process import ManagedProcess
 from sandboxkit.daemon.process_spec import Launch, ProcessSpec, prepare
 from sandboxkit.daemon.sandbox_paths import remove_directory
 from sandboxkit.daemon.segment_store import remove_tree
-from sandboxkit.daemon.standby import SCRIPT as STANDBY_SCRIPT
-from sandboxkit.daemon.standby import Quiet, StandbySlot
+from sandboxkit.daemon.standby import SCRIPT, Quiet, StandbySlot
 from sandboxkit.errors import (
     InvalidArgument,
     ProcessNotFound,
@@ -37,6 +38,10 @@ from sandboxkit.lab_options import LabOptions
 from sandboxkit.vocab import OnTimeout, SandboxState
 
 __all__ = ["ManagedSandbox", "OnTimeout", "SandboxState"]
+
+
+SHELL_STANDBY = ("/bin/sh", "-c", SCRIPT, "sh")
+"""A shell standby's argv (:mod:`~sandboxkit.daemon.standby`)."""
 
 
 class ManagedSandbox:
@@ -107,11 +112,15 @@ class ManagedSandbox:
         sandbox (mode 0700) by the host, removed with the working directory."""
         self._logs = 0
         self._lock = asyncio.Lock()
-        self.standby: StandbySlot | None = None
-        """Its next launch, started ahead (:mod:`~sandboxkit.daemon.standby`), where a
-        launch is more than one exec (a cgroup or limits to join, namespaces to make)."""
-        if config.standby == "on" and (plan or limits or tree.launch_prefix()):
-            self.standby = StandbySlot(
+        self.standby: StandbySlot | LauncherSlot | None = None
+        """Its launcher (:mod:`~sandboxkit.daemon.launcher`; where none was built, its
+        next launch started ahead: :mod:`~sandboxkit.daemon.standby`), where a launch is
+        more than one exec (a cgroup or limits to join, namespaces to make)."""
+        if config.standby != "off" and (plan or limits or tree.launch_prefix()):
+            slot = (
+                LauncherSlot if config.standby == "on" and program_fd() is not None else StandbySlot
+            )
+            self.standby = slot(
                 self._prepare_standby,
                 tree,
                 contained=plan is not None,
@@ -124,11 +133,15 @@ class ManagedSandbox:
         if self.standby is not None:
             self.standby.soon()
 
-    def _prepare_standby(self, launch: str) -> Launch:
-        spec = ProcessSpec(argv=("/bin/sh", "-c", STANDBY_SCRIPT, "sh"))
-        return prepare(
+    def _prepare_standby(self, launch: str, fds: tuple[int, ...] = ()) -> Launch:
+        """A standby's launch, or with ``fds`` (its program's, its socket's) a
+        launcher's."""
+        argv = (f"/proc/self/fd/{fds[0]}", str(fds[1])) if fds else SHELL_STANDBY
+        spec = ProcessSpec(argv=argv)
+        prepared = prepare(
             spec, launch, self.tree, str(self.workdir), self.envs, self.plan, self.limits
         )
+        return prepared._replace(pass_fds=(*prepared.pass_fds, *fds))
 
     def touch(self) -> None:
         """Note a request that names this sandbox (restarts the idle timeout)."""

@@ -34,16 +34,32 @@ import io
 import os
 import subprocess
 import threading
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 from sandboxkit.daemon.process_io import Output, Owner, StdinFlow
 
-__all__ = ["Child", "loop_file", "spawn", "start"]
+__all__ = ["Child", "Pipes", "Process", "loop_file", "spawn", "start"]
 
 _PIPE_SIZE = 1024 * 1024
 """Pipe buffers asked for: a chatty process then blocks, and the daemon wakes, a
 sixteenth as often as with the default 64 KiB (best effort: capped by the system)."""
+
+
+class Process(Protocol):
+    """What a :class:`Child` needs of its process: a ``subprocess.Popen``, or a command
+    a sandbox's launcher started (:class:`~sandboxkit.daemon.launcher.Remote`)."""
+
+    pid: int
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self) -> int: ...
+
+    def kill(self) -> None: ...
 
 
 class Child:
@@ -52,11 +68,19 @@ class Child:
     ``exited`` resolves when the process has been reaped; ``pipes_closed`` when its
     stdout and stderr reached their end (a grandchild may hold them open after the
     process itself exited). ``stdin`` is its stdin pipe's transport (``None`` on a pty:
-    the caller owns the terminal)."""
+    the caller owns the terminal). ``watch``: how its exit is seen where it is not the
+    daemon's child (called with the callback), instead of a pidfd and ``waitpid``."""
 
-    def __init__(self, popen: subprocess.Popen[bytes], pipes: _Pipes | None) -> None:
+    def __init__(
+        self,
+        popen: Process,
+        pipes: Pipes | None,
+        *,
+        watch: Callable[[Callable[[], None]], None] | None = None,
+    ) -> None:
         self._popen = popen
         self._pipes = pipes
+        self._watch = watch
         self._loop = asyncio.get_running_loop()
         self.pid = popen.pid
         self.exited: asyncio.Future[None] = self._loop.create_future()
@@ -71,9 +95,10 @@ class Child:
         """The exit code once reaped: minus the signal for a process a signal ended."""
         return self._popen.returncode
 
-    async def join(self, owner: Owner) -> None:
-        """Put its pipes on the loop, its output going to ``owner``, and watch for its
-        exit. If that fails, the process is killed (and reaped in the background)."""
+    async def join(self, owner: Owner | None) -> None:
+        """Put its pipes on the loop, its output going to ``owner`` (which a child
+        without pipes needs not), and watch for its exit. If that fails, the process is
+        killed (and reaped in the background)."""
         try:
             await self._join(owner)
         except BaseException:
@@ -82,12 +107,13 @@ class Child:
                 self._watch_exit()  # reaped in the background once the kill lands
             raise
 
-    async def _join(self, owner: Owner) -> None:
+    async def _join(self, owner: Owner | None) -> None:
         pipes = self._pipes
         if pipes is None:
             self.pipes_closed.set_result(None)
             self._watch_exit()
             return
+        assert owner is not None, "a child on pipes needs an owner for its output"
         # Each descriptor handed to the loop is its transport's to close from then on,
         # even if the connect fails (both loops close what they took); what was not
         # handed over yet, :meth:`close` closes.
@@ -119,6 +145,9 @@ class Child:
             self.pipes_closed.set_result(None)
 
     def _watch_exit(self) -> None:
+        if self._watch is not None:
+            self._watch(self._reap)
+            return
         try:
             self._pidfd = os.pidfd_open(self.pid)
         except (AttributeError, OSError):
@@ -186,11 +215,11 @@ def start(
     env: Mapping[str, str],
     terminal: int | None = None,
     pass_fds: Sequence[int] = (),
-) -> tuple[subprocess.Popen[bytes], _Pipes | None]:
+) -> tuple[subprocess.Popen[bytes], Pipes | None]:
     """:func:`spawn`'s first half, which any thread may run: the process, started in a
     session of its own, and its pipes (``None`` on a ``terminal``), not yet on a loop
     (make a :class:`Child` of both on the loop, then :meth:`Child.join` its owner)."""
-    pipes = _Pipes() if terminal is None else None
+    pipes = Pipes() if terminal is None else None
     theirs: dict[str, Any] = pipes.theirs if pipes is not None else dict.fromkeys(_NAMES, terminal)
     try:
         popen = subprocess.Popen(
@@ -216,7 +245,7 @@ def start(
 _NAMES = ("stdin", "stdout", "stderr")
 
 
-class _Pipes:
+class Pipes:
     """A child's three pipes: the ends it gets (``theirs``, closed here once it has
     them) and the ends the daemon keeps (``ours``, until a transport takes each)."""
 

@@ -57,7 +57,7 @@ import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from subprocess import Popen
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 from sandboxkit.daemon.freezer import MARK_VAR, Freezer
 from sandboxkit.daemon.process_spec import Launch
@@ -136,6 +136,13 @@ class _Busy(Exception):
     """The daemon got busy before a standby's spawn began."""
 
 
+class Slot(Protocol):
+    """What waits for :class:`Quiet`: a sandbox's standby or launcher slot."""
+
+    def _fill(self) -> asyncio.Future[Any] | None:
+        """Start now; what is starting (``None``: nothing was to start)."""
+
+
 class Quiet:
     """When the daemon last made a sandbox or started a launch, and the slots waiting for
     it to be quiet (:data:`QUIET` seconds of neither): one timer for all of them, so
@@ -143,7 +150,7 @@ class Quiet:
 
     def __init__(self) -> None:
         self._last = -QUIET
-        self._waiting: dict[StandbySlot, None] = {}  # in the order they came
+        self._waiting: dict[Slot, None] = {}  # in the order they came
         self._timer: asyncio.Handle | None = None
 
     def touch(self) -> None:
@@ -154,13 +161,13 @@ class Quiet:
         """Seconds until the daemon has been quiet for :data:`QUIET` (0 when it has)."""
         return max(0.0, self._last + QUIET - time.monotonic())
 
-    def wait(self, slot: StandbySlot) -> None:
+    def wait(self, slot: Slot) -> None:
         """Fill ``slot`` once the daemon is quiet."""
         self._waiting[slot] = None
         if self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self.left(), self._check)
 
-    def forget(self, slot: StandbySlot) -> None:
+    def forget(self, slot: Slot) -> None:
         """``slot`` waits no more (it closed)."""
         self._waiting.pop(slot, None)
 

@@ -24,6 +24,7 @@ __all__ = [
     "Ident",
     "ProcStat",
     "boot_ticks",
+    "exit_status",
     "ident_of",
     "is_stopped",
     "pid_alive",
@@ -127,6 +128,24 @@ def children_of(pid: int) -> list[int]:
         if data:
             found.extend(int(child) for child in data.split())
     return found
+
+
+def exit_status(ident: Ident) -> int | None:
+    """The wait status of ``ident`` while it is a zombie (ended, not yet reaped by its
+    parent), as ``waitpid`` would give it to that parent (``/proc/<pid>/stat``'s 52nd
+    field, Linux 3.5); None if it is not one. The kernel shows 0 there to a process that
+    may not ptrace it: the daemon may ptrace its sandboxes' processes (as root, or as
+    their user, owning their user namespace)."""
+    data = _read(f"/proc/{ident.pid}/stat")
+    if data is None:
+        return None
+    rest = data[data.rfind(b")") + 2 :].split()
+    try:
+        if rest[0] != b"Z" or int(rest[19]) != ident.starttime:
+            return None
+        return int(rest[49])
+    except (IndexError, ValueError):
+        return None
 
 
 def ident_of(pid: int | str) -> Ident | None:
