@@ -36,6 +36,7 @@ from sandboxkit.daemon.process import ManagedProcess, ProcessSpec
 from sandboxkit.daemon.sandbox import ManagedSandbox
 from sandboxkit.daemon.spawn import Child
 from sandboxkit.errors import ResourceExhausted
+from sandboxkit.limits import Limits
 
 pytestmark = pytest.mark.skipif(program_fd() is None, reason="no launcher built here (no cc)")
 
@@ -209,6 +210,25 @@ async def test_the_second_command_starts_it_and_goes_through_it(
     for process in (first, *more):
         process.close_stdin()
         assert await process.wait(10) == 0
+
+
+async def test_at_its_process_limit_a_command_is_refused_as_out_of_processes() -> None:
+    """The launcher's fork fails (EAGAIN) in a sandbox at its ``pids`` limit: a typed,
+    retriable 503, not a "cannot execute"; once a process ends, commands start again."""
+    async with Host(fast_config()) as host:
+        sandbox = await host.create_sandbox(isolation="none", limits=Limits(pids=4))
+        if sandbox.limits is None or sandbox.limits.enforced()["pids"] == "rlimit":
+            pytest.skip("no cgroup to hold a pids limit here")
+        await _launcher(sandbox)  # one of the four
+        sleepers = []
+        with pytest.raises(ResourceExhausted) as refused:
+            for _ in range(4):
+                sleepers.append(await sandbox.start_process(ProcessSpec(argv=("sleep", "60"))))
+        assert refused.value.resource == "processes"
+        assert len(sleepers) == 3
+        await sleepers[0].kill()
+        process = await sandbox.start_process(ProcessSpec(argv=("echo", "again")))
+        assert await _output(process) == (0, b"again\n", b"")
 
 
 async def test_a_launcher_killed_from_outside_is_replaced(sandbox: ManagedSandbox) -> None:

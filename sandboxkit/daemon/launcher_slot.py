@@ -168,11 +168,16 @@ class LauncherSlot:
             self._own(self._freezer.settle_soon(launch, lambda: not launcher.broken))
         return launcher
 
+    def closing(self) -> None:
+        """Start no launcher any more (the sandbox is being killed: one started meanwhile
+        would only be waited for, and compete with the daemon's next work)."""
+        self._closed = True
+        self._quiet.forget(self)
+
     async def close(self) -> None:
         """End the launcher (after the sandbox's processes were killed) and every task of
         the slot's."""
-        self._closed = True
-        self._quiet.forget(self)
+        self.closing()
         if self._starting is not None:
             self._starting.cancel()
             with contextlib.suppress(Exception, asyncio.CancelledError):

@@ -108,9 +108,6 @@ class ManagedProcess:
         self.isolated = False
         """Whether it runs in namespaces (set by :meth:`start`)."""
         self._limits: LimitEnforcer | None = None
-        self._forked = False
-        """Whether the sandbox's launcher forked it: then its exit code is its own, not
-        bubblewrap's (128 + a signal)."""
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -196,7 +193,6 @@ class ManagedProcess:
                 self._stdin_pipe.set_write_buffer_limits(high=0, low=0)
             self.pid = child.pid
             self._stdin.pid = self.pid
-            self._forked = True
             # Born in the cgroup already: registering it moves nothing (no thread needed).
             freezer.add(self.pid, self.launch, contained=self.isolated)
         return True
@@ -315,9 +311,10 @@ class ManagedProcess:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(asyncio.gather(*closers), self.config.exit_drain)
         code = child.returncode
-        if self.isolated and not self._forked and code is not None and 128 < code <= 128 + 64:
+        if self.isolated and code is not None and 128 < code <= 128 + 64:
             # bwrap reports a command that a signal ended as 128 + the signal, as a shell
             # does; the daemon's convention (and without isolation) is minus the signal.
+            # Alike for one the launcher started, whichever way an isolated command went.
             code = 128 - code
         if self._limits is not None and self._limits.new_oom_kill():
             # The kernel's OOM killer ended a process of the sandbox as this one exited.
@@ -568,10 +565,18 @@ class ManagedProcess:
 
 
 def _spawn_error(exc: OSError, budget: FdBudget) -> Exception:
-    """What a spawn's OSError is to the request: out of descriptors a typed 503; not
-    found, not permitted, not an executable, too long (E2BIG) the request's fault,
-    refused with nothing started."""
+    """What a spawn's OSError is to the request: out of descriptors, processes or memory
+    (a sandbox at its ``pids`` or ``memory`` limit, whose launcher cannot fork) a typed
+    503; not found, not permitted, not an executable, too long (E2BIG) the request's
+    fault, refused with nothing started."""
     if exc.errno in (errno.EMFILE, errno.ENFILE):
         return exhausted(budget.limit)
+    if exc.errno in (errno.EAGAIN, errno.ENOMEM):
+        resource = "processes" if exc.errno == errno.EAGAIN else "memory"
+        return ResourceExhausted(
+            f"cannot start a process: {exc.strerror} (out of {resource}: the sandbox's "
+            "limits, or the machine's)",
+            resource=resource,
+        )
     field = "cwd" if isinstance(exc, NotADirectoryError) else "cmd"
     return InvalidArgument(f"cannot execute: {exc}", field=field)

@@ -326,6 +326,8 @@ class ManagedSandbox:
         async with self._lock:
             if self.state == "killed":
                 return
+            if self.standby is not None:
+                self.standby.closing()
             if self.state == "paused":
                 await self.tree.thaw()
             running = [p for p in self.processes.values() if p.running]

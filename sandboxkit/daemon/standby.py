@@ -273,11 +273,16 @@ class StandbySlot:
         self._discard(standby)
         return None
 
+    def closing(self) -> None:
+        """Start no standby any more (the sandbox is being killed: one started meanwhile
+        would only be waited for, and compete with the daemon's next work)."""
+        self._closed = True
+        self._quiet.forget(self)
+
     async def close(self) -> None:
         """End the standby (after the sandbox's processes were killed) and every task of
         the slot's."""
-        self._closed = True
-        self._quiet.forget(self)
+        self.closing()
         task, self._next = self._next, None
         if task is not None:
             with contextlib.suppress(Exception, asyncio.CancelledError):
