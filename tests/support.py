@@ -13,6 +13,7 @@ from typing import Any
 
 from sandboxkit.daemon.config import DaemonConfig
 from sandboxkit.daemon.isolation import ISOLATION_ENV
+from sandboxkit.daemon.process import ManagedProcess
 
 # The one poll interval: short, since every poll has a deadline and most end at once.
 INTERVAL = 0.01
@@ -123,3 +124,15 @@ class ChunkedDecoder:
                 del self._buf[:2]
                 self._left = -1
         return bytes(out)
+
+
+def printed(process: ManagedProcess, stream: str) -> bytes:
+    """All a daemon-side process wrote to ``stream`` (``stdout`` or ``stderr``), from its log."""
+    _, chunks = process.log.read(0, 1 << 20)
+    return b"".join(bytes(c.data) for c in chunks if c.stream == stream)
+
+
+async def ended(process: ManagedProcess) -> tuple[int | None, bytes, bytes]:
+    """Once a daemon-side process ended: its exit code, stdout and stderr."""
+    code = await process.wait(10)
+    return code, printed(process, "stdout"), printed(process, "stderr")

@@ -21,7 +21,7 @@ import pytest
 from freezer_support import alive
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support import fast_config, poll
+from support import ended, fast_config, poll
 
 from sandboxkit.daemon import isolation, launcher
 from sandboxkit.daemon.host import Host
@@ -32,7 +32,7 @@ from sandboxkit.daemon.launcher import (
     program_fd,
 )
 from sandboxkit.daemon.launcher_slot import LauncherSlot
-from sandboxkit.daemon.process import ManagedProcess, ProcessSpec
+from sandboxkit.daemon.process import ProcessSpec
 from sandboxkit.daemon.sandbox import ManagedSandbox
 from sandboxkit.daemon.spawn import Child
 from sandboxkit.errors import ResourceExhausted
@@ -65,16 +65,6 @@ def _is_launcher(pid: int) -> bool:
         return os.readlink(f"/proc/{pid}/exe").startswith("/memfd:sandboxkit-launcher")
     except OSError:
         return False
-
-
-def _printed(process: ManagedProcess, stream: str) -> bytes:
-    _, chunks = process.log.read(0, 1 << 20)
-    return b"".join(bytes(c.data) for c in chunks if c.stream == stream)
-
-
-async def _output(process: ManagedProcess) -> tuple[int | None, bytes, bytes]:
-    code = await process.wait(10)
-    return code, _printed(process, "stdout"), _printed(process, "stderr")
 
 
 @pytest.fixture(params=["none", "namespaces"])
@@ -114,7 +104,7 @@ def test_a_command_gets_exactly_its_argv_variables_and_cwd(
                 ProcessSpec(argv=(sys.executable, "-c", _SHOW, *args), envs=envs, cwd="sub dir")
             )
             assert _is_launcher(psutil.Process(process.pid).ppid()), "started anew"
-            code, out, err = await _output(process)
+            code, out, err = await ended(process)
             assert code == 0, err
             argv, env, cwd = json.loads(out)
             assert argv == args
@@ -138,7 +128,7 @@ async def test_a_command_runs_in_the_sandbox_as_the_launchers_child(
     assert process.pid in sandbox.tree.pids()  # born in the sandbox's cgroup
     await process.write_stdin("s", 0, b"through stdin\n")
     process.close_stdin()
-    code, out, err = await _output(process)
+    code, out, err = await ended(process)
     home = "/home/user" if sandbox.plan is not None else str(sandbox.workdir)
     assert (code, out, err) == (7, f"hi {home}\nthrough stdin\n".encode(), b"err\n")
 
@@ -166,13 +156,13 @@ async def test_what_cannot_be_executed_exits_as_through_a_shell_saying_so(
     on."""
     running = await _launcher(sandbox)
     process = await sandbox.start_process(ProcessSpec(argv=argv))
-    assert await _output(process) == (  # the launcher's words (a shell's are its own)
+    assert await ended(process) == (  # the launcher's words (a shell's are its own)
         code,
         b"",
         b"sandboxkit: cannot execute " + argv[0].encode() + b": " + said + b"\n",
     )
     process = await sandbox.start_process(ProcessSpec(argv=("echo", "still")))
-    assert await _output(process) == (0, b"still\n", b"")
+    assert await ended(process) == (0, b"still\n", b"")
     assert _slot(sandbox).running is running
 
 
@@ -189,7 +179,7 @@ async def test_a_command_started_while_paused_runs_once_resumed(sandbox: Managed
     process = await sandbox.start_process(ProcessSpec(argv=("echo", "after")))
     assert not _is_launcher(psutil.Process(process.pid).ppid())  # the launcher is frozen
     await sandbox.resume()
-    assert await _output(process) == (0, b"after\n", b"")
+    assert await ended(process) == (0, b"after\n", b"")
 
 
 async def test_the_second_command_starts_it_and_goes_through_it(
@@ -228,7 +218,7 @@ async def test_at_its_process_limit_a_command_is_refused_as_out_of_processes() -
         assert len(sleepers) == 3
         await sleepers[0].kill()
         process = await sandbox.start_process(ProcessSpec(argv=("echo", "again")))
-        assert await _output(process) == (0, b"again\n", b"")
+        assert await ended(process) == (0, b"again\n", b"")
 
 
 async def test_a_launcher_killed_from_outside_is_replaced(sandbox: ManagedSandbox) -> None:
@@ -241,10 +231,10 @@ async def test_a_launcher_killed_from_outside_is_replaced(sandbox: ManagedSandbo
     # namespace (SIGKILL), else once its stdin closes (0); its code read off its zombie,
     # or -1 (unknown) where its new parent reaped it first.
     running.close_stdin()
-    ended = (0, -1) if sandbox.plan is None else (-signal.SIGKILL, -1)
-    assert await running.wait(10) in ended
+    codes = (0, -1) if sandbox.plan is None else (-signal.SIGKILL, -1)
+    assert await running.wait(10) in codes
     process = await sandbox.start_process(ProcessSpec(argv=("echo", "anew")))
-    assert await _output(process) == (0, b"anew\n", b"")
+    assert await ended(process) == (0, b"anew\n", b"")
     second = await _launcher(sandbox)
     assert second is not first
 
@@ -263,7 +253,7 @@ async def test_a_launcher_its_sandbox_stops_costs_one_command_then_is_replaced(
     with pytest.raises(ResourceExhausted, match="did not answer"):
         await sandbox.start_process(ProcessSpec(argv=("true",)))
     process = await sandbox.start_process(ProcessSpec(argv=("echo", "on")))
-    assert await _output(process) == (0, b"on\n", b"")
+    assert await ended(process) == (0, b"on\n", b"")
     assert _slot(sandbox).running is not first
 
 
@@ -363,6 +353,29 @@ async def test_the_pid_comes_from_the_pidfd_not_the_message(fake: _Fake) -> None
     fake.say("X", ident, 3 << 8)
     await asyncio.wait_for(child.exited, 10)
     assert child.returncode == 3
+
+
+async def test_a_request_its_caller_abandoned_has_its_command_killed(fake: _Fake) -> None:
+    task = await _spawn(fake)
+    ident = await asyncio.to_thread(fake.request)
+    task.cancel()  # the request went away before the launcher answered
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    # What the launcher started meanwhile.
+    command = await asyncio.create_subprocess_exec("sleep", "60")
+    try:
+        pidfd = os.pidfd_open(command.pid)
+        fake.say("S", ident, command.pid, (pidfd,))
+        os.close(pidfd)
+        assert await asyncio.wait_for(command.wait(), 10) == -signal.SIGKILL
+        assert await asyncio.to_thread(fake.request) == ident  # the 'A': reap it
+        fake.say("X", ident, signal.SIGKILL)
+        await poll(lambda: ident not in fake.launcher._abandoned, what="its end heard")
+        assert fake.launcher.usable
+    finally:
+        if command.returncode is None:
+            command.kill()
+            await command.wait()
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ sandbox."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -19,12 +20,12 @@ import pytest
 from freezer_support import alive
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support import fast_config, poll
+from support import ended, fast_config, poll, printed
 
 from sandboxkit.daemon import isolation
 from sandboxkit.daemon.freezer import MARK_VAR
 from sandboxkit.daemon.host import Host
-from sandboxkit.daemon.process import ManagedProcess, ProcessSpec
+from sandboxkit.daemon.process import ProcessSpec
 from sandboxkit.daemon.sandbox import ManagedSandbox
 from sandboxkit.daemon.standby import MAX_LINE, QUIET, SCRIPT, Quiet, exec_line
 
@@ -101,16 +102,6 @@ async def _standby_pids(sandbox: ManagedSandbox) -> set[int]:
     return {*inside, *(psutil.Process(pid).ppid() for pid in inside)} - {os.getpid()}
 
 
-def _printed(process: ManagedProcess, stream: str) -> bytes:
-    _, chunks = process.log.read(0, 1 << 20)
-    return b"".join(bytes(c.data) for c in chunks if c.stream == stream)
-
-
-async def _output(process: ManagedProcess) -> tuple[int | None, bytes, bytes]:
-    code = await process.wait(10)
-    return code, _printed(process, "stdout"), _printed(process, "stderr")
-
-
 @pytest.fixture(params=["none", "namespaces"])
 async def sandbox(request: pytest.FixtureRequest) -> ManagedSandbox:
     if request.param == "namespaces" and not isolation.probe().available:
@@ -134,7 +125,7 @@ async def test_a_command_runs_in_the_process_started_ahead(sandbox: ManagedSandb
     )
     assert process.pid in ahead, "started anew, not taken"
     home = isolation.HOME if sandbox.plan is not None else str(sandbox.workdir)
-    assert await _output(process) == (0, f"it's\n$x|hello 'there'|{home}/sub dir".encode(), b"")
+    assert await ended(process) == (0, f"it's\n$x|hello 'there'|{home}/sub dir".encode(), b"")
     # The next one is started while (or once) the command ran, for the next command.
     await poll(lambda: set(sandbox.tree.pids()) - ahead, what="the next standby")
 
@@ -145,7 +136,7 @@ async def test_stdin_goes_to_the_command_after_its_line(sandbox: ManagedSandbox)
     assert process.pid in ahead
     await process.write_stdin("s", 0, b"one\ntwo")
     process.close_stdin()
-    assert await _output(process) == (0, b"one\ntwo", b"")
+    assert await ended(process) == (0, b"one\ntwo", b"")
 
 
 async def test_a_command_that_cannot_be_executed_exits_127_saying_so(
@@ -153,7 +144,7 @@ async def test_a_command_that_cannot_be_executed_exits_127_saying_so(
 ) -> None:
     await _standby_pids(sandbox)
     process = await sandbox.start_process(ProcessSpec(argv=("no-such-program-xyz",)))
-    code, out, err = await _output(process)
+    code, out, err = await ended(process)
     assert (code, out) == (127, b"")
     assert b"no-such-program-xyz" in err and b"not found" in err
 
@@ -163,7 +154,7 @@ async def test_a_pty_command_starts_anew(sandbox: ManagedSandbox) -> None:
     process = await sandbox.start_process(ProcessSpec(cmd="[ -t 1 ] && echo terminal", pty=True))
     assert process.pid not in ahead
     assert await process.wait(10) == 0
-    assert _printed(process, "pty") == b"terminal\r\n"
+    assert printed(process, "pty") == b"terminal\r\n"
 
 
 async def test_a_command_started_while_paused_runs_once_resumed(sandbox: ManagedSandbox) -> None:
@@ -172,19 +163,20 @@ async def test_a_command_started_while_paused_runs_once_resumed(sandbox: Managed
     process = await sandbox.start_process(ProcessSpec(cmd="echo woke"))
     assert process.pid in ahead
     await asyncio.sleep(0.3)  # sleep-ok: a paused sandbox must stay silent this long
-    assert process.running and _printed(process, "stdout") == b""
+    assert process.running and printed(process, "stdout") == b""
     await sandbox.resume()
-    assert await _output(process) == (0, b"woke\n", b"")
+    assert await ended(process) == (0, b"woke\n", b"")
 
 
 async def test_a_standby_killed_from_outside_is_replaced(sandbox: ManagedSandbox) -> None:
     ahead = await _standby_pids(sandbox)
     for pid in ahead:
-        os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # gone with one killed before it
+            os.kill(pid, signal.SIGKILL)
     await poll(lambda: not any(alive(pid) for pid in ahead), what="the standby gone")
     process = await sandbox.start_process(ProcessSpec(cmd="echo still"))
     assert process.pid not in ahead
-    assert await _output(process) == (0, b"still\n", b"")
+    assert await ended(process) == (0, b"still\n", b"")
     await poll(lambda: sandbox.tree.pids(), what="a new standby")
 
 

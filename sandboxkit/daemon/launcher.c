@@ -25,7 +25,7 @@
  *
  * It ends when the daemon closes the socket; the commands it started go on (the sandbox
  * ends them). Built by hatch_build.py at install; without a C compiler there is no
- * launcher and the daemon starts every command the usual way. */
+ * launcher, and a sandbox keeps a shell started ahead instead (sandboxkit/daemon/standby.py). */
 
 #define _GNU_SOURCE
 #include <errno.h>

@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import fcntl
 import functools
 import logging
 import os
@@ -118,9 +119,9 @@ def program_fd() -> int | None:
     except (AttributeError, OSError):
         return None
     try:
-        os.write(fd, data)
-        import fcntl
-
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
         seals = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
         fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
     except OSError:
@@ -232,6 +233,8 @@ class Launcher:
         self.hello: asyncio.Future[None] = self._loop.create_future()
         self._pending: dict[int, asyncio.Future[Remote]] = {}
         self._started: dict[int, Remote] = {}
+        self._abandoned: set[int] = set()
+        """Requests whose caller went away before the answer, then their commands."""
         self._ids = 0
         self.broken = False
         self._loop.add_reader(sock.fileno(), self._read)
@@ -250,11 +253,12 @@ class Launcher:
         frozen: Callable[[], bool],
     ) -> Child:
         """Start ``argv`` through the launcher, on pipes whose output goes to ``owner``.
-        OSError (with the launcher's errno) if it could not be executed; LauncherGone if
-        the launcher went first (nothing of it runs then, as far as the daemon knows);
+        OSError (with the launcher's errno) if it could not fork; LauncherGone if the
+        launcher went first (nothing of it runs then, as far as the daemon knows);
         ResourceExhausted if it did not answer for :data:`ANSWER_WITHIN` seconds while
         the sandbox was not ``frozen`` (its code stopped or traced it: then it is dropped,
-        and the command may have started)."""
+        and the command may have started). A request abandoned while it waits (its
+        caller cancelled) has its command killed once the launcher answers."""
         request = _request(argv, env, cwd)
         if request is None or self.broken:
             raise LauncherGone
@@ -278,7 +282,8 @@ class Launcher:
             remote = await self._answer(answer, frozen)
         except BaseException:
             pipes.close()
-            self._pending.pop(ident, None)
+            if self._pending.pop(ident, None) is not None and not self.broken:
+                self._abandoned.add(ident)  # answered later: killed then
             raise
         child = Child(remote, pipes, watch=remote.watch)
         await child.join(owner)
@@ -350,6 +355,13 @@ class Launcher:
             # Now it may reap the command: the daemon has its pid.
             self._send(ord("A"), ident)
             self._pending.pop(ident).set_result(remote)
+        elif ident in self._abandoned and kind in (ord("S"), ord("F"), ord("X")):
+            if kind == ord("S") and len(fds) == 1:
+                with contextlib.suppress(OSError):
+                    signal.pidfd_send_signal(fds[0], signal.SIGKILL)
+                self._send(ord("A"), ident)  # to be reaped; its 'X' is dropped here
+            else:
+                self._abandoned.discard(ident)
         elif kind == ord("F") and ident in self._pending:
             code = value if 0 < value < 4096 else errno.EINVAL
             self._pending.pop(ident).set_exception(OSError(code, os.strerror(code)))
