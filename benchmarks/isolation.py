@@ -6,7 +6,9 @@ run, in interleaved rounds (a slow spell on a noisy machine lands on both alike)
   asyncio spawn + wait of ``true`` in this process (issue 22's anchor);
 - pause + resume of a sandbox running 4 processes, p50 per round, and of a second
   unisolated one (an A/A: how far apart two alike sandboxes measure, what "nothing
-  measurable" is judged against);
+  measurable" is judged against); the 4 started right after ``create()`` (the first
+  starts before the sandbox's launcher is up, through bubblewrap of its own), and again
+  started 0.2 s after it, as in a notebook (all through the launcher);
 - fan-out: one process writing ``--mb`` MiB (``head -c``, no interpreter path needed),
   read by 4 SDK consumers at once; seconds per round.
 
@@ -75,9 +77,10 @@ async def spawn_wait(tries: int) -> float:
     return statistics.median(times)
 
 
-async def pause_resume(info: Any, mode: str, tries: int) -> float:
+async def pause_resume(info: Any, mode: str, tries: int, later: float = 0.0) -> float:
     times = []
     async with await AsyncSandbox.create(url=info.url, token=info.token, isolation=mode) as sbx:  # type: ignore[arg-type]
+        await asyncio.sleep(later)  # sleep-ok: the pause before a first command, if asked
         for _ in range(4):
             await sbx.commands.start(["sleep", "600"])
         # Paused as a person pauses a sandbox, its processes up, not mid-start (an isolated
@@ -152,7 +155,13 @@ def main() -> None:
         raise SystemExit(f"no namespaces here: {probe().reason}")
     figures: dict[str, dict[str, list[float]]] = {
         name: {m: [] for m in MODES}
-        for name in ("create_first_ms", "run_true_ms", "pause_resume_ms", "fanout_s")
+        for name in (
+            "create_first_ms",
+            "run_true_ms",
+            "pause_resume_ms",
+            "pause_resume_later_ms",
+            "fanout_s",
+        )
     }
     spawns: list[float] = []
     again: list[float] = []  # pause + resume of a second unisolated sandbox: the A/A
@@ -164,11 +173,13 @@ def main() -> None:
                 cf = asyncio.run(create_first(info, mode, args.tries)) * 1e3
                 rt = asyncio.run(run_true(info, mode, args.tries)) * 1e3
                 pr = asyncio.run(pause_resume(info, mode, args.tries)) * 1e3
+                prl = asyncio.run(pause_resume(info, mode, args.tries, later=0.2)) * 1e3
                 fo = asyncio.run(fanout(info, mode, args.mb))
                 if r:
                     figures["create_first_ms"][mode].append(cf)
                     figures["run_true_ms"][mode].append(rt)
                     figures["pause_resume_ms"][mode].append(pr)
+                    figures["pause_resume_later_ms"][mode].append(prl)
                     figures["fanout_s"][mode].append(fo)
             if r:
                 spawns.append(asyncio.run(spawn_wait(args.tries)) * 1e3)

@@ -25,6 +25,7 @@ import sandboxkit
 from sandboxkit import Sandbox
 from sandboxkit.client.local import ensure_local_daemon, probe
 from sandboxkit.daemon.isolation import ISOLATION_ENV
+from sandboxkit.daemon.launcher import PROGRAM
 from sandboxkit.statefile import STATE_FILE_ENV, DaemonState, read_state
 
 REPO = Path(sandboxkit.__file__).resolve().parents[1]
@@ -140,6 +141,9 @@ def test_serve_status_stop(served: Served) -> None:
     assert status.returncode == 0, status.stderr
     assert state.url in status.stdout
     assert f"pid {state.pid}" in status.stdout
+    built = PROGRAM.is_file()  # hatch_build.py built it where a C compiler was
+    said = "forked by a launcher" if built else "a shell started ahead (no launcher"
+    assert f"commands: {said}" in status.stdout
 
     second = cli("serve", "--state-file", str(path), env=env)
     assert second.returncode == 1

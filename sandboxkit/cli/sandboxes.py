@@ -33,6 +33,13 @@ def _cmd_status(args: argparse.Namespace) -> int:
         print(f"  isolation: namespaces available (default {isolation.get('default')})")
     elif isolation:
         print(f"  isolation: NONE — sandboxes are not isolated: {isolation.get('reason')}")
+    commands = {
+        "launcher": "forked by a launcher in each sandbox",
+        "shell": "each taking a shell started ahead (no launcher: none was built at install)",
+        "off": "each started anew (--standby off)",
+    }
+    if health.get("launcher") in commands:
+        print(f"  commands: {commands[health['launcher']]}")
     if health.get("root_missing"):
         print(
             f"  warning: the daemon's root {health.get('root')} was removed from outside the "

@@ -31,7 +31,7 @@ from sandboxkit.daemon.process_spec import Launch
 from sandboxkit.daemon.spawn import Child, Process, start
 from sandboxkit.daemon.standby import Quiet
 
-__all__ = ["LauncherSlot"]
+__all__ = ["LauncherSlot", "slot_kind"]
 
 logger = logging.getLogger(__name__)
 
@@ -223,3 +223,13 @@ def _start_detached(prepared: Launch) -> Process:
             pass_fds=prepared.pass_fds,
         )
     return popen
+
+
+def slot_kind(standby: str) -> str:
+    """What each sandbox keeps started for its commands under ``DaemonConfig.standby``
+    (``sandboxkit status`` says it): ``launcher``; ``shell``, a standby
+    (:mod:`~sandboxkit.daemon.standby`), also where ``on`` finds no launcher built at
+    install; or ``off``."""
+    if standby == "on":
+        return "launcher" if program_fd() is not None else "shell"
+    return standby

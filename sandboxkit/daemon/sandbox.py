@@ -18,8 +18,7 @@ from sandboxkit.daemon.fds import FdBudget
 from sandboxkit.daemon.file_span import unisolated_ran, zero_copy_check
 from sandboxkit.daemon.freezer import Freezer
 from sandboxkit.daemon.isolation import NamespacePlan
-from sandboxkit.daemon.launcher import program_fd
-from sandboxkit.daemon.launcher_slot import LauncherSlot
+from sandboxkit.daemon.launcher_slot import LauncherSlot, slot_kind
 from sandboxkit.daemon.limits import LimitEnforcer
 from sandboxkit.daemon.output_log import OutputLog
 from sandboxkit.daemon.process import ManagedProcess
@@ -117,9 +116,7 @@ class ManagedSandbox:
         next launch started ahead: :mod:`~sandboxkit.daemon.standby`), where a launch is
         more than one exec (a cgroup or limits to join, namespaces to make)."""
         if config.standby != "off" and (plan or limits or tree.launch_prefix()):
-            slot = (
-                LauncherSlot if config.standby == "on" and program_fd() is not None else StandbySlot
-            )
+            slot = LauncherSlot if slot_kind(config.standby) == "launcher" else StandbySlot
             self.standby = slot(
                 self._prepare_standby,
                 tree,

@@ -182,6 +182,10 @@ class Health(Struct):
     sandboxes: int
     closing: bool
     isolation: IsolationSupport
+    launcher: Literal["launcher", "shell", "off"]
+    """What each sandbox keeps started for its commands: a ``launcher`` that forks them,
+    a ``shell`` that the next command takes (also where no launcher was built at install),
+    or nothing (``off``)."""
     root: str
     """The daemon's directory of working directories."""
     root_missing: bool

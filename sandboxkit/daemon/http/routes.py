@@ -26,6 +26,7 @@ from sandboxkit.daemon.http.endpoint import Endpoint
 from sandboxkit.daemon.http.openapi import openapi
 from sandboxkit.daemon.http.responses import JsonResponse
 from sandboxkit.daemon.http.stream import FrameStreamResponse
+from sandboxkit.daemon.launcher_slot import slot_kind
 from sandboxkit.daemon.process import ManagedProcess, ProcessSpec, check_exec_size
 from sandboxkit.daemon.sandbox import ManagedSandbox
 from sandboxkit.daemon.schema import (
@@ -81,6 +82,7 @@ class Api:
                 "sandboxes": len(self.host.sandboxes),
                 "closing": self.host.closing,
                 "isolation": self.host.isolation_support(),
+                "launcher": slot_kind(self.host.config.standby),
                 "root": str(self.host.root),
                 "root_missing": not self.host.root.is_dir(),
                 "next_event": self.host.journal.next_seq,
