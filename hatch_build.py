@@ -1,12 +1,13 @@
 """Builds the per-sandbox launcher (``sandboxkit/daemon/launcher.c``, see
 ``sandboxkit/daemon/launcher.py``) at install, with the system's C compiler.
 
-Without a compiler, or if the build fails, sandboxkit installs all the same: the daemon
-then starts every command the usual way (through its wrapper), and says so in the
-``launcher`` field of ``sandboxkit status``."""
+Without a compiler, or if the build fails, sandboxkit installs all the same: each sandbox
+then keeps a shell started ahead instead (``sandboxkit/daemon/standby.py``), and
+``sandboxkit status`` says so (its ``commands:`` line; ``launcher`` in ``/health``)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -25,7 +26,8 @@ def build(root: str) -> str | None:
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None or not sys.platform.startswith("linux"):
         print(
-            "sandboxkit: no C compiler: no launcher (commands start the usual way)", file=sys.stderr
+            "sandboxkit: no C compiler: no launcher (each sandbox keeps a shell started ahead)",
+            file=sys.stderr,
         )
         return None
     out = os.path.join(root, PROGRAM)
@@ -39,9 +41,12 @@ def build(root: str) -> str | None:
         os.replace(partial, out)
     except (OSError, subprocess.SubprocessError) as exc:
         print(
-            f"sandboxkit: the launcher did not build ({exc}): commands start the usual way",
+            f"sandboxkit: the launcher did not build ({exc}): each sandbox keeps a shell "
+            "started ahead",
             file=sys.stderr,
         )
+        with contextlib.suppress(OSError):
+            os.unlink(partial)  # what a compiler that failed half-way left
         return None
     return out
 
