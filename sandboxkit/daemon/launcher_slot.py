@@ -65,6 +65,7 @@ class LauncherSlot:
         self._failures = 0
         self._asked = False
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._reaping: set[asyncio.Task[Any]] = set()
         self._closed = False
 
     @property
@@ -185,23 +186,24 @@ class LauncherSlot:
         launcher, self._launcher = self._launcher, None
         if launcher is not None:
             self._end(launcher)
-        tasks = list(self._tasks)
+        tasks = list(self._tasks - self._reaping)
         for task in tasks:
-            if not task.get_name().startswith("reap-"):
-                task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+            task.cancel()
+        # The reaping is not cancelled: each waits for a launcher killed already.
+        await asyncio.gather(*tasks, *self._reaping, return_exceptions=True)
 
     def _end(self, launcher: Launcher) -> None:
         """Close its socket (it ends on its own) and kill and reap its leader in the
         background: the launcher alone, not what it started (its commands outlive it; in
-        namespaces they share its PID namespace, which ends with it, as the sandbox's
-        own code can end it anyway)."""
+        namespaces bubblewrap's PID 1 adopts them, and reaps until none is left)."""
         launcher.close()
         launcher.child.close()
-        self._own(_exited(launcher.child), name="reap-launcher")
+        reaping = self._own(_exited(launcher.child))
+        self._reaping.add(reaping)
+        reaping.add_done_callback(self._reaping.discard)
 
-    def _own(self, coro: Coroutine[Any, Any, _T], name: str | None = None) -> asyncio.Task[_T]:
-        task = asyncio.get_running_loop().create_task(coro, name=name)
+    def _own(self, coro: Coroutine[Any, Any, _T]) -> asyncio.Task[_T]:
+        task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
