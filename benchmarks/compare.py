@@ -45,6 +45,7 @@ from _daemon import local_daemon, stop
 from fanout import BARE_APP, CHUNK, WRITER, _free_port, _read_all, _wait_port, bare_run
 
 from sandboxkit import AsyncSandbox
+from sandboxkit.daemon.isolation import ISOLATION_ENV, probe
 from sandboxkit.daemon.server import event_loop_factory
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -234,16 +235,21 @@ REPLAY_WRITER = (
 
 # Reads the same child as the others and publishes each read to channel d, then an end
 # marker; the subscribers count bytes until they see it.
-# The kernel's share of a fan-out: the least a server that copies can do. It sends each
-# of the round's n clients ``size`` bytes from one buffer, in the pieces the daemon's
-# pipe reads give (256 KiB), with plain non-blocking send()s: no HTTP, no event loop, no
-# pipe, no log. Its CPU per GB is what the sends alone cost (the copy into the socket
-# and loopback's delivery, in the sender's time): the floor under the daemon's and
-# uvicorn's P7 figure while they copy. (The readers are bare_run's, as for uvicorn.)
+# The kernel's share of a fan-out: the least a server can do. It sends each of the
+# round's n clients ``size`` bytes, in the pieces the daemon's pipe reads give (256 KiB):
+# with plain non-blocking send()s from one buffer ("send": the floor under any server that
+# copies, as the daemon and uvicorn do for readers that keep up), or with sendfile() from a
+# file in the page cache ("sendfile": the floor without the copy). No HTTP, no event loop,
+# no pipe, no log: its CPU per GB is the sends alone (the copy into the socket, if any,
+# and loopback's delivery, which runs in the sender's time). (The readers are bare_run's.)
 FLOOR_SENDER = """
-import selectors, socket, sys
-port, size, piece = int(sys.argv[1]), int(sys.argv[2]), 256 * 1024
+import os, selectors, socket, sys, tempfile
+port, size, mode, piece = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], 256 * 1024
 data = memoryview(b"y" * piece)
+with tempfile.TemporaryFile() as f:  # a piece in the page cache, sent again and again
+    f.write(data)
+    f.flush()
+    page_cache = os.dup(f.fileno())
 server = socket.create_server(("127.0.0.1", port))
 waiting = []
 while True:
@@ -268,7 +274,10 @@ while True:
         for key, _ in sel.select():
             c = key.fileobj
             try:
-                left[c] -= c.send(data[: min(piece, left[c])])
+                if mode == "send":
+                    left[c] -= c.send(data[: min(piece, left[c])])
+                else:
+                    left[c] -= os.sendfile(c.fileno(), page_cache, 0, min(piece, left[c]))
             except BlockingIOError:
                 continue
             if not left[c]:
@@ -450,8 +459,8 @@ Work = Callable[[int], Awaitable[tuple[int, float]]]
 BARE_NAMES = {"asyncio": "bare uvicorn", "uvloop": "bare uvicorn + uvloop"}
 """The bare uvicorn reference on each event loop, by the loop's name."""
 
-FLOOR = "kernel floor"
-"""The system that only sends (:data:`FLOOR_SENDER`)."""
+FLOORS = {"kernel floor": "send", "kernel floor, sendfile": "sendfile"}
+"""The systems that only send (:data:`FLOOR_SENDER`), by name: their way of sending."""
 
 
 def _daemon_work(url: str, token: str, size: int) -> Work:
@@ -547,10 +556,11 @@ class Bench:
                 argv = [sys.executable, "-c", source, str(port), script]
                 proc = stack.enter_context(running(argv, port))
                 systems[BARE_NAMES[loop]] = (proc.pid, _bare_work(port, size))
-            port = _free_port()
-            argv = [sys.executable, "-c", FLOOR_SENDER, str(port), str(size)]
-            proc = stack.enter_context(running(argv, port))
-            systems[FLOOR] = (proc.pid, _bare_work(port, size))
+            for floor, mode in FLOORS.items():
+                port = _free_port()
+                argv = [sys.executable, "-c", FLOOR_SENDER, str(port), str(size), mode]
+                proc = stack.enter_context(running(argv, port))
+                systems[floor] = (proc.pid, _bare_work(port, size))
             found = stack.enter_context(redis_server())
             if found is not None:
                 systems["Redis pub/sub"] = (found[0].pid, _redis_work(found[1], size))
@@ -589,9 +599,10 @@ class Bench:
                      figure("Redis pub/sub", top, True), note=redis_note))  # fmt: skip
         # What the goal of 0.5x bare uvicorn leaves once the kernel's copies are paid.
         bare_ref = BARE_NAMES["uvloop" if BARE_NAMES["uvloop"] in measured[top] else "asyncio"]
-        self.add(Row("P7", f"CPU-s per GB of the sends alone ({top}), {FLOOR}", "s/GB",
-                     measured[top][FLOOR][1], bare_ref, measured[top][bare_ref][1],
-                     note="the floor under any server that copies"))  # fmt: skip
+        for floor in FLOORS:
+            self.add(Row("P7", f"CPU-s per GB of the sends alone ({top}), {floor}", "s/GB",
+                         measured[top][floor][1], bare_ref, measured[top][bare_ref][1],
+                         note="the floor under a server that sends this way"))  # fmt: skip
 
     # P3, P4, P5 unary ----------------------------------------------------------------
     def latency(self, info: Any) -> None:
@@ -702,15 +713,35 @@ class Bench:
         return out
 
     # P5 create, pause/resume -----------------------------------------------------------
-    def lifecycle(self, info: Any) -> None:
+    def lifecycle(self, info: Any, isolated_daemons: tuple[Any, Any] | None) -> None:
+        """``isolated_daemons``: two whose sandboxes are isolated by default, with and
+        without a spare sandbox (None where namespaces are not to be had)."""
         self.idle("P5")
         tries = 10 if self.quick else 40
-        sdk = [asyncio.run(self._create_first(info, tries)) for _ in range(self.runs)]
-        tmux = self._tmux(tries) if shutil.which("tmux") else None
-        self.add(Row("P5", "create + first command p50", "ms",
-                     [statistics.median(s) * 1e3 for s in sdk], "tmux new-session -d",
-                     [statistics.median(t) * 1e3 for t in tmux] if tmux else None,
-                     note="" if tmux else TMUX_MISSING))  # fmt: skip
+        # Back to back, every create makes its sandbox (the spare is remade only once the
+        # daemon is quiet); a create 0.1 s after the last command, as in a notebook, gets
+        # the spare (daemon/spare.py), whose first command is a fork of its launcher. tmux
+        # at the same pace: after 0.1 s idle, each process woken costs more (cores asleep).
+        tmux_ms = {
+            pace: [statistics.median(t) * 1e3 for t in self._tmux(tries, pace)]
+            for pace in (0.0, 0.1)
+            if shutil.which("tmux")
+        }
+        isolated, no_spare = isolated_daemons or (None, None)
+        rows = [
+            ("", info, 0.0),
+            (", isolated", isolated, 0.0),
+            (", isolated, 0.1 s apart", isolated, 0.1),
+            (", isolated, 0.1 s apart, no spare", no_spare, 0.1),
+        ]
+        for name, daemon, pace in rows:
+            if daemon is None:
+                continue
+            sdk = [asyncio.run(self._create_first(daemon, tries, pace)) for _ in range(self.runs)]
+            ref = "tmux new-session -d" + (", 0.1 s apart" if pace else "")
+            self.add(Row("P5", f"create + first command{name} p50", "ms",
+                         [statistics.median(s) * 1e3 for s in sdk], ref, tmux_ms.get(pace),
+                         note="" if tmux_ms else TMUX_MISSING))  # fmt: skip
         runs = [asyncio.run(self._run_true(info, tries)) for _ in range(self.runs)]
         self.add(Row("P5", "run([\"true\"]) in a running sandbox, p50", "ms",
                      [statistics.median(r) * 1e3 for r, _ in runs],
@@ -720,9 +751,10 @@ class Bench:
         self.add(Row("P5", "pause + resume, 4 processes, p50", "ms",
                      [statistics.median(s) * 1e3 for s in pr], note="— (goal ≤ 2 ms)"))  # fmt: skip
 
-    async def _create_first(self, info: Any, tries: int) -> list[float]:
+    async def _create_first(self, info: Any, tries: int, pace: float) -> list[float]:
         out = []
         for _ in range(tries):
+            await asyncio.sleep(pace)  # sleep-ok: the time a person takes between sandboxes
             start = time.perf_counter()
             sbx = await AsyncSandbox.create(url=info.url, token=info.token)
             await sbx.commands.run(["true"])
@@ -745,13 +777,14 @@ class Bench:
                 out[1].append(time.perf_counter() - start)
         return out
 
-    def _tmux(self, tries: int) -> list[list[float]]:
-        sock = f"sbxbench{os.getpid()}"
+    def _tmux(self, tries: int, pace: float) -> list[list[float]]:
+        sock = f"sbxbench{os.getpid()}-{pace * 1000:.0f}"  # a server of its own per pace
         runs = []
         try:
             for r in range(self.runs):
                 out = []
                 for i in range(tries):
+                    time.sleep(pace)  # sleep-ok: the pace the sandboxes are measured at
                     start = time.perf_counter()
                     subprocess.run(
                         ["tmux", "-L", sock, "new-session", "-d", "-s", f"s{r}-{i}", "sleep 600"],
@@ -931,7 +964,14 @@ def main() -> None:
         if "P3" in args.sections:
             bench.latency(info)
         if "P5" in args.sections:
-            bench.lifecycle(info)
+            isolated = None
+            if probe().available:  # daemons of their own: the others' run unisolated
+                env = {**os.environ, ISOLATION_ENV: "auto"}
+                isolated = (
+                    stack.enter_context(local_daemon(env=env))[1],
+                    stack.enter_context(local_daemon("--spare", "off", env=env))[1],
+                )
+            bench.lifecycle(info, isolated)
         if "P7" in args.sections:
             bench.client_cpu(info)
         if "stdin" in args.sections:

@@ -166,7 +166,9 @@ def main() -> None:
     spawns: list[float] = []
     again: list[float] = []  # pause + resume of a second unisolated sandbox: the A/A
     retention = str((args.mb + 8) << 20)
-    with _daemon(args.unprivileged, "--retention-bytes", retention) as info:
+    # No spare sandbox (daemon/spare.py): it serves one isolation only, the daemon's
+    # default, and this compares what a sandbox made for the create costs either way.
+    with _daemon(args.unprivileged, "--retention-bytes", retention, "--spare", "off") as info:
         for r in range(args.rounds + 1):  # round 0 warms up
             order = MODES if r % 2 else MODES[::-1]
             for mode in order:

@@ -58,8 +58,11 @@ def main() -> None:
         figures.setdefault(name, {d: [] for d in DAEMONS})[daemon].append(value * 1e3)
 
     with contextlib.ExitStack() as stack:
+        # No spare sandbox (daemon/spare.py, compare.py's P5 measures it): each create
+        # here makes its sandbox, whichever isolation it asks for.
         daemons = {
-            d: stack.enter_context(_daemon(args.unprivileged, "--standby", d)) for d in DAEMONS
+            d: stack.enter_context(_daemon(args.unprivileged, "--standby", d, "--spare", "off"))
+            for d in DAEMONS
         }
         anchor = []
         for round_ in range(args.rounds):

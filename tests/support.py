@@ -76,6 +76,15 @@ def child_env() -> dict[str, str]:
     }
 
 
+def is_launcher(pid: int) -> bool:
+    """Whether process ``pid`` is a sandbox's launcher (sandboxkit/daemon/launcher.py),
+    exec'd from the daemon's memfd."""
+    try:
+        return os.readlink(f"/proc/{pid}/exe").startswith("/memfd:sandboxkit-launcher")
+    except OSError:
+        return False
+
+
 def fast_config(**overrides: object) -> DaemonConfig:
     """Daemon settings with short timers, so tests run in well under a second each."""
     values: dict[str, object] = {

@@ -369,6 +369,11 @@ def test_bad_request_is_typed_and_daemon_keeps_serving(
         head = client.get(f"/sandboxes/{sid}/processes/{pid}").json()["head"]
         assert head >= 1
         ctx = Ctx(sid, pid, head, daemon.token or "")
+        # The sandbox made ahead for the next create (daemon/spare.py) is remade once the
+        # daemon is quiet after the create took it: on the daemon's schedule, not the
+        # request's, so before the traces are taken.
+        spare = daemon.host.spare
+        wait_until(lambda: spare is None or spare.sandbox is not None, what="the spare made")
         sandboxes_before = {s["sandbox_id"] for s in client.get("/sandboxes").json()}
         traces_before = _traces(daemon, sid)
 

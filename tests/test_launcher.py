@@ -21,7 +21,7 @@ import pytest
 from freezer_support import alive
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support import ended, fast_config, poll
+from support import ended, fast_config, is_launcher, poll
 
 from sandboxkit.daemon import isolation, launcher
 from sandboxkit.daemon.host import Host
@@ -60,13 +60,6 @@ async def _launcher(sandbox: ManagedSandbox) -> Launcher:
     return running
 
 
-def _is_launcher(pid: int) -> bool:
-    try:
-        return os.readlink(f"/proc/{pid}/exe").startswith("/memfd:sandboxkit-launcher")
-    except OSError:
-        return False
-
-
 @pytest.fixture(params=["none", "namespaces"])
 async def sandbox(request: pytest.FixtureRequest) -> ManagedSandbox:
     if request.param == "namespaces" and not isolation.probe().available:
@@ -103,7 +96,7 @@ def test_a_command_gets_exactly_its_argv_variables_and_cwd(
             process = await made.start_process(
                 ProcessSpec(argv=(sys.executable, "-c", _SHOW, *args), envs=envs, cwd="sub dir")
             )
-            assert _is_launcher(psutil.Process(process.pid).ppid()), "started anew"
+            assert is_launcher(psutil.Process(process.pid).ppid()), "started anew"
             code, out, err = await ended(process)
             assert code == 0, err
             argv, env, cwd = json.loads(out)
@@ -124,7 +117,7 @@ async def test_a_command_runs_in_the_sandbox_as_the_launchers_child(
         )
     )
     parent = psutil.Process(process.pid).ppid()
-    assert _is_launcher(parent), "started anew, not by the launcher"
+    assert is_launcher(parent), "started anew, not by the launcher"
     assert process.pid in sandbox.tree.pids()  # born in the sandbox's cgroup
     await process.write_stdin("s", 0, b"through stdin\n")
     process.close_stdin()
@@ -178,7 +171,7 @@ async def test_a_pty_command_and_another_user_start_the_usual_way(sandbox: Manag
         specs.append(ProcessSpec(cmd="exec cat", user="nobody"))
     for spec in specs:
         process = await sandbox.start_process(spec)
-        assert not _is_launcher(psutil.Process(process.pid).ppid()), spec
+        assert not is_launcher(psutil.Process(process.pid).ppid()), spec
         await process.kill()
         assert await process.wait(10) is not None
 
@@ -187,7 +180,7 @@ async def test_a_command_started_while_paused_runs_once_resumed(sandbox: Managed
     await _launcher(sandbox)
     await sandbox.pause()
     process = await sandbox.start_process(ProcessSpec(argv=("echo", "after")))
-    assert not _is_launcher(psutil.Process(process.pid).ppid())  # the launcher is frozen
+    assert not is_launcher(psutil.Process(process.pid).ppid())  # the launcher is frozen
     await sandbox.resume()
     assert await ended(process) == (0, b"after\n", b"")
 
@@ -201,12 +194,12 @@ async def test_the_second_command_starts_it_and_goes_through_it(
     slot = _slot(sandbox)
     monkeypatch.setattr(slot._quiet, "left", lambda: 1.0)  # never quiet
     first = await sandbox.start_process(ProcessSpec(cmd="exec cat"))
-    assert slot.running is None and not _is_launcher(psutil.Process(first.pid).ppid())
+    assert slot.running is None and not is_launcher(psutil.Process(first.pid).ppid())
     more = await asyncio.gather(
         *(sandbox.start_process(ProcessSpec(cmd="exec cat")) for _ in range(2))
     )
     parents = {psutil.Process(p.pid).ppid() for p in more}
-    assert len(parents) == 1 and _is_launcher(parents.pop())
+    assert len(parents) == 1 and is_launcher(parents.pop())
     for process in (first, *more):
         process.close_stdin()
         assert await process.wait(10) == 0
@@ -235,7 +228,7 @@ async def test_a_launcher_killed_from_outside_is_replaced(sandbox: ManagedSandbo
     first = await _launcher(sandbox)
     running = await sandbox.start_process(ProcessSpec(cmd="cat"))
     launcher_pid = psutil.Process(running.pid).ppid()
-    assert _is_launcher(launcher_pid)
+    assert is_launcher(launcher_pid)
     os.kill(launcher_pid, signal.SIGKILL)
     # Its command runs on (in namespaces bubblewrap's PID 1 adopts it), and its end is
     # still seen once its stdin closes: its code read off its zombie, or -1 (unknown)
@@ -269,7 +262,7 @@ async def test_a_launcher_its_sandbox_stops_costs_one_command_then_is_replaced(
 
 async def test_nothing_of_the_launcher_outlives_its_sandbox(sandbox: ManagedSandbox) -> None:
     running = await _launcher(sandbox)
-    inside = [p for p in sandbox.tree.pids() if _is_launcher(p)]
+    inside = [p for p in sandbox.tree.pids() if is_launcher(p)]
     assert inside
     leader = running.child.pid
     await sandbox.kill()

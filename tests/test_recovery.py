@@ -57,7 +57,8 @@ def test_next_daemon_kills_what_a_sigkilled_daemon_left(tmp_path: Path, freezer:
     )
     survivors: list[int] = []
     try:
-        with served(tmp_path, "--freezer", freezer) as dead:
+        # No spare (daemon/spare.py): the sandboxes counted below are the two made here.
+        with served(tmp_path, "--freezer", freezer, "--spare", "off") as dead:
             with httpx.Client(base_url=dead.url, headers=dead.headers, timeout=10) as http:
                 paused = http.post("/sandboxes", json={}).json()["sandbox_id"]
                 info = http.get(f"/sandboxes/{paused}").json()

@@ -285,7 +285,9 @@ async def test_log_segments_are_not_beside_the_sandboxes(tmp_path: Path) -> None
     """A sandbox's working directory is ``<root>/<id>``: its ``..`` names every sandbox of
     the daemon. The logs' files are kept in a directory of the daemon's own (mode 0700)
     elsewhere, so that no path a sandbox derives from where it runs reaches them."""
-    async with Host(DaemonConfig(root_dir=tmp_path / "root", kill_grace=1.0)) as host:
+    # No spare sandbox (daemon/spare.py) beside the one listed below.
+    config = DaemonConfig(root_dir=tmp_path / "root", kill_grace=1.0, spare="off")
+    async with Host(config) as host:
         sandbox = await host.create_sandbox()
         write = "import sys; sys.stdout.buffer.write(b'x' * (1 << 20))"
         process = await sandbox.start_process(ProcessSpec(argv=(sys.executable, "-c", write)))

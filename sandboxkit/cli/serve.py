@@ -19,7 +19,7 @@ from sandboxkit._proc import pid_alive
 from sandboxkit._version import __version__
 from sandboxkit.cli.find_daemon import state_path
 from sandboxkit.cli.options import add_command, add_state_file
-from sandboxkit.daemon.config import STANDBY_MODES, DaemonConfig
+from sandboxkit.daemon.config import SPARE_MODES, STANDBY_MODES, DaemonConfig
 from sandboxkit.daemon.file_span import ZERO_COPY_MODES
 from sandboxkit.statefile import read_state, remove_state
 from sandboxkit.vocab import ENVD_PORT
@@ -60,6 +60,11 @@ CONFIG_OPTIONS: dict[str, str] = {
         "launch, which one command takes (shell), or neither (off); $SANDBOXKIT_STANDBY "
         "sets the default"
     ),
+    "spare": (
+        "keep one sandbox made ahead, its launcher up, for the next create() that asks "
+        "for the defaults (on: where launchers are), or none (off); $SANDBOXKIT_SPARE "
+        "sets the default"
+    ),
 }
 """The :class:`DaemonConfig` fields ``serve`` sets from the options of the same name
 (``--retention-bytes`` …), with their help; each option's default and type are the
@@ -70,6 +75,7 @@ _CHOICES: dict[str, list[str]] = {
     "isolation": ["auto", "namespaces", "none"],
     "zero_copy": list(ZERO_COPY_MODES),
     "standby": list(STANDBY_MODES),
+    "spare": list(SPARE_MODES),
 }
 """The options among them that take one of a few names."""
 

@@ -11,11 +11,14 @@ from sandboxkit.daemon.file_span import ZERO_COPY_MODES
 from sandboxkit.daemon.isolation import ISOLATION_ENV
 from sandboxkit.lab_options import GHOST_BUFFER
 
-__all__ = ["STANDBY_MODES", "DaemonConfig", "LabDefaults"]
+__all__ = ["SPARE_MODES", "STANDBY_MODES", "DaemonConfig", "LabDefaults"]
 
 
 STANDBY_MODES: Final = ("on", "shell", "off")
 """What :attr:`DaemonConfig.standby` takes."""
+
+SPARE_MODES: Final = ("on", "off")
+"""What :attr:`DaemonConfig.spare` takes."""
 
 
 @dataclass(frozen=True)
@@ -144,6 +147,11 @@ class DaemonConfig:
     built at install, as ``shell``), ``shell`` a shell that one command takes
     (``sandboxkit/daemon/standby.py``), ``off`` neither; ``$SANDBOXKIT_STANDBY`` sets the
     default. One sleeping process per sandbox (docs/performance.md)."""
+    spare: str = field(default_factory=lambda: os.environ.get("SANDBOXKIT_SPARE", "on"))
+    """Keep one sandbox made ahead, its launcher up, for the next ``create()`` that asks
+    for the defaults (``sandboxkit/daemon/spare.py``): ``on`` (default, where launchers
+    are: ``standby`` on and one built at install) or ``off``; ``$SANDBOXKIT_SPARE`` sets
+    the default. Made once the daemon is quiet; one sleeping sandbox (0.2 MB)."""
     http: str = field(default_factory=lambda: os.environ.get("SANDBOXKIT_HTTP", "auto"))
     """uvicorn's HTTP implementation: ``auto`` (httptools when installed, as with
     ``sandboxkit[fast]``), ``h11`` or ``httptools``; ``$SANDBOXKIT_HTTP`` sets the default."""
@@ -171,3 +179,5 @@ class DaemonConfig:
             raise ValueError(f"zero_copy must be one of {', '.join(ZERO_COPY_MODES)}")
         if self.standby not in STANDBY_MODES:
             raise ValueError(f"standby must be one of {', '.join(STANDBY_MODES)}")
+        if self.spare not in SPARE_MODES:
+            raise ValueError(f"spare must be one of {', '.join(SPARE_MODES)}")

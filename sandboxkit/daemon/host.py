@@ -33,11 +33,13 @@ from sandboxkit.daemon.isolation import (
     write_accounts,
 )
 from sandboxkit.daemon.launch import shell_ulimit
+from sandboxkit.daemon.launcher_slot import slot_kind
 from sandboxkit.daemon.limits import LimitEnforcer, v1_daemon_dirs
 from sandboxkit.daemon.process import ManagedProcess
 from sandboxkit.daemon.recovery import ROOT_PREFIX, RootLock, claim_root, recover
-from sandboxkit.daemon.sandbox import ManagedSandbox, OnTimeout
+from sandboxkit.daemon.sandbox import ManagedSandbox, OnTimeout, check_timeout
 from sandboxkit.daemon.segment_store import remove_tree
+from sandboxkit.daemon.spare import Spare
 from sandboxkit.daemon.standby import Quiet
 from sandboxkit.daemon.userns import DaemonUserns
 from sandboxkit.errors import InvalidArgument, SandboxNotFound, SandboxPaused, WorkdirMissing
@@ -97,6 +99,12 @@ class Host:
         launches are started ahead only once it is quiet (see
         :mod:`~sandboxkit.daemon.standby`)."""
         """The user namespace a root daemon's isolated launches join."""
+        self.spare = (
+            Spare(self._make_spare, self.quiet)
+            if self.config.spare == "on" and slot_kind(self.config.standby) == "launcher"
+            else None
+        )
+        """The sandbox made ahead for the next create() that asks for the defaults."""
         self.closing = False
 
     async def __aenter__(self) -> Host:
@@ -125,6 +133,8 @@ class Host:
             for report in reports:
                 self.journal.record("host.recovered", reason="dead_daemon", **report)
             self._housekeeper = asyncio.get_running_loop().create_task(self._housekeeping())
+            if self.spare is not None:
+                self.spare.soon()
 
     async def close(self) -> None:
         """Stop streams (bounded), kill every sandbox, stop housekeeping."""
@@ -132,6 +142,8 @@ class Host:
             return
         self.closing = True
         self.quiet.close()
+        if self.spare is not None:
+            await self.spare.close()
         if self._housekeeper is not None:
             self._housekeeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -177,13 +189,67 @@ class Host:
         ``isolation`` (``auto``, ``namespaces``, ``none``; ``None``: the daemon's
         default) decides whether its processes run in namespaces (see
         :mod:`~sandboxkit.daemon.isolation`); ``allow_internet_access=False`` gives them a
-        network namespace with loopback only."""
+        network namespace with loopback only. A request for the defaults gets the spare
+        sandbox where one is made (:mod:`~sandboxkit.daemon.spare`)."""
         self.check_root()
         # A fault-lab sandbox runs the lab's own workloads (sandboxkit's modules, by this
         # environment's interpreter) to reproduce stream failures: unisolated unless asked.
         asked = isolation or ("none" if lab is not None else self.config.isolation)
         # Typed refusals (IsolationUnavailable, a bad mode) before anything is made.
         mode = resolve_mode(asked)
+        check_timeout(timeout, on_timeout)  # before the spare is taken: it stays if refused
+        defaults = (
+            asked == self.config.isolation
+            and allow_internet_access
+            and lab is None
+            and (limits is None or not limits.given())
+        )
+        spare = self.spare if defaults else None
+        sandbox = None if spare is None else spare.take(isolated=mode == "namespaces")
+        if sandbox is None:
+            sandbox = await self._make_sandbox(
+                asked,
+                mode,
+                self.journal,
+                lab=lab,
+                allow_internet_access=allow_internet_access,
+                limits=limits,
+            )
+        sandbox.adopt(
+            self.journal,
+            isolation_reason=_why_none(asked, mode),
+            envs=envs,
+            timeout=timeout,
+            on_timeout=on_timeout,
+            auto_resume=auto_resume,
+            metadata=metadata,
+        )
+        self.sandboxes[sandbox.sandbox_id] = sandbox
+        sandbox.warm()
+        self.journal.record(
+            "sandbox.created", sandbox_id=sandbox.sandbox_id, reason="user", timeout=timeout
+        )
+        return sandbox
+
+    async def _make_spare(self) -> ManagedSandbox:
+        """A sandbox with the daemon's defaults, not the host's until a create takes it
+        (its own journal until then: nothing of it is heard)."""
+        self.check_root()
+        asked = self.config.isolation
+        return await self._make_sandbox(asked, resolve_mode(asked), EventJournal(maxlen=16))
+
+    async def _make_sandbox(
+        self,
+        asked: str,
+        mode: str,
+        journal: EventJournal,
+        *,
+        lab: LabOptions | None = None,
+        allow_internet_access: bool = True,
+        limits: Limits | None = None,
+    ) -> ManagedSandbox:
+        """A new sandbox, not yet the host's, its settings the defaults (until
+        :meth:`ManagedSandbox.adopt`)."""
         sandbox_id = "sbx-" + secrets.token_hex(4)
         workdir = self.root / sandbox_id
         tmpdir = workdir.with_name(sandbox_id + ".tmp")
@@ -200,23 +266,17 @@ class Host:
             if limits is not None and limits.given():
                 cgroup = tree.path if isinstance(tree, CgroupFreezer) else None
                 enforcer = LimitEnforcer(sandbox_id, limits, cgroup)
-            sandbox = ManagedSandbox(
+            return ManagedSandbox(
                 sandbox_id,
                 workdir,
                 tree,
                 self.config,
-                self.journal,
+                journal,
                 runtime_dir=self.runtime_root / sandbox_id,
-                envs=envs,
-                timeout=timeout,
-                on_timeout=on_timeout,
-                auto_resume=auto_resume,
-                metadata=metadata,
                 lab=lab,
                 plan=plan,
                 tmpdir=tmpdir,
                 limits=enforcer,
-                isolation_reason=_why_none(asked, mode),
                 quiet=self.quiet,
             )
         except BaseException:
@@ -228,12 +288,6 @@ class Host:
             shutil.rmtree(workdir, ignore_errors=True)
             shutil.rmtree(tmpdir, ignore_errors=True)
             raise
-        self.sandboxes[sandbox_id] = sandbox
-        sandbox.warm()
-        self.journal.record(
-            "sandbox.created", sandbox_id=sandbox_id, reason="user", timeout=timeout
-        )
-        return sandbox
 
     def _plan(
         self,

@@ -74,6 +74,13 @@ class LauncherSlot:
         launcher = self._launcher
         return launcher if launcher is not None and launcher.usable else None
 
+    async def start(self) -> Launcher | None:
+        """Start the launcher now, unless it runs (the spare sandbox's, made ahead:
+        :mod:`~sandboxkit.daemon.spare`); the launcher, ``None`` if it did not start."""
+        if (starting := self._fill()) is not None:
+            await asyncio.shield(starting)
+        return self.running
+
     def touch(self) -> None:
         """A launch of the sandbox's started the usual way (the daemon is not quiet)."""
         self._quiet.touch()

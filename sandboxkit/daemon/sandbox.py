@@ -36,11 +36,19 @@ from sandboxkit.errors import (
 from sandboxkit.lab_options import LabOptions
 from sandboxkit.vocab import OnTimeout, SandboxState
 
-__all__ = ["ManagedSandbox", "OnTimeout", "SandboxState"]
+__all__ = ["ManagedSandbox", "OnTimeout", "SandboxState", "check_timeout"]
 
 
 SHELL_STANDBY = ("/bin/sh", "-c", SCRIPT, "sh")
 """A shell standby's argv (:mod:`~sandboxkit.daemon.standby`)."""
+
+
+def check_timeout(timeout: float | None, on_timeout: str) -> None:
+    """InvalidArgument for a timeout a sandbox cannot have."""
+    if timeout is not None and timeout <= 0:
+        raise InvalidArgument("timeout must be positive", field="timeout")
+    if on_timeout not in ("pause", "kill"):
+        raise InvalidArgument("on_timeout must be 'pause' or 'kill'", field="on_timeout")
 
 
 class ManagedSandbox:
@@ -70,10 +78,7 @@ class ManagedSandbox:
         isolation_reason: str = "",
         quiet: Quiet | None = None,
     ) -> None:
-        if timeout is not None and timeout <= 0:
-            raise InvalidArgument("timeout must be positive", field="timeout")
-        if on_timeout not in ("pause", "kill"):
-            raise InvalidArgument("on_timeout must be 'pause' or 'kill'", field="on_timeout")
+        check_timeout(timeout, on_timeout)
         self.sandbox_id = sandbox_id
         self.workdir = workdir
         self.tree = tree
@@ -124,6 +129,33 @@ class ManagedSandbox:
                 check_fds=FdBudget.current(config.fd_reserve).check_spawn,
                 quiet=quiet,
             )
+
+    def adopt(
+        self,
+        journal: EventJournal,
+        *,
+        isolation_reason: str,
+        envs: dict[str, str] | None,
+        timeout: float | None,
+        on_timeout: OnTimeout,
+        auto_resume: bool,
+        metadata: dict[str, str] | None,
+    ) -> None:
+        """Make a sandbox just made, or the spare made earlier
+        (:mod:`~sandboxkit.daemon.spare`), the one a ``create()`` asked for: its
+        settings, why it is not isolated (where it is not), its creation time, the
+        host's journal (the spare's was its own). Nothing of these is held by its
+        launcher or namespaces: a command's environment is sent with it. The caller
+        checked the timeout (:func:`check_timeout`)."""
+        self.journal = journal
+        self.isolation_reason = isolation_reason
+        self.envs = dict(envs or {})
+        self.timeout = timeout
+        self.on_timeout = on_timeout
+        self.auto_resume = auto_resume
+        self.metadata = dict(metadata or {})
+        self.created_at = time.time()
+        self.last_activity = time.monotonic()
 
     def warm(self) -> None:
         """Start its standby soon (once it is the host's: a command may take it)."""
