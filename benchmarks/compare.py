@@ -116,9 +116,14 @@ def write_png(rows: list[Row], path: Path, title: str) -> None:
     fig, ax = plt.subplots(figsize=(10, 0.42 * len(shown) + 1.5))
     labels = [f"{r.section} {r.figure} ({r.ref_name})" for r in shown]
     ratios = [r.ratio or 0.0 for r in shown]
-    # Green where sandboxkit does better (more per second, or less time and CPU).
-    better = [(x >= 1.0) == r.unit.endswith("/s") for r, x in zip(shown, ratios, strict=True)]
-    bars = ax.barh(range(len(shown)), ratios, color=["#55a868" if b else "#c44e52" for b in better])
+    # Green where sandboxkit does better (more per second, or less time and CPU); grey for
+    # a row of two references (a floor against uvicorn), where no one is better.
+    colors = [
+        "#999999" if r.extra.get("reference") else
+        "#55a868" if (x >= 1.0) == r.unit.endswith("/s") else "#c44e52"
+        for r, x in zip(shown, ratios, strict=True)
+    ]  # fmt: skip
+    bars = ax.barh(range(len(shown)), ratios, color=colors)
     ax.bar_label(bars, labels=[f"{x:.2f}×" for x in ratios], padding=3, fontsize=8)
     ax.axvline(1.0, color="black", linewidth=1)
     ax.set_yticks(range(len(shown)), labels, fontsize=8)
@@ -130,7 +135,7 @@ def write_png(rows: list[Row], path: Path, title: str) -> None:
     ax.set_xlim(low, high)
     ax.set_xticks(ticks, [f"{t:g}×" for t in ticks])
     ax.minorticks_off()
-    ax.set_xlabel("sandboxkit ÷ reference (median); green: sandboxkit better")
+    ax.set_xlabel("sandboxkit ÷ reference (median)\ngreen: sandboxkit better; grey: two references")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -602,7 +607,8 @@ class Bench:
         for floor in FLOORS:
             self.add(Row("P7", f"CPU-s per GB of the sends alone ({top}), {floor}", "s/GB",
                          measured[top][floor][1], bare_ref, measured[top][bare_ref][1],
-                         note="the floor under a server that sends this way"))  # fmt: skip
+                         note="the floor under a server that sends this way",
+                         extra={"reference": True}))  # fmt: skip
 
     # P3, P4, P5 unary ----------------------------------------------------------------
     def latency(self, info: Any) -> None:
