@@ -144,6 +144,14 @@ def test_serve_status_stop(served: Served) -> None:
     built = PROGRAM.is_file()  # hatch_build.py built it where a C compiler was
     said = "forked by a launcher" if built else "a shell started ahead (no launcher"
     assert f"commands: {said}" in status.stdout
+    # The spare sandbox (daemon/spare.py), made once the daemon is quiet where launchers are.
+    if built:
+        wait_until(
+            lambda: (
+                "spare sandbox: ready" in cli("status", "--state-file", str(path), env=env).stdout
+            ),
+            what="the spare made",
+        )
 
     second = cli("serve", "--state-file", str(path), env=env)
     assert second.returncode == 1

@@ -40,6 +40,13 @@ def _cmd_status(args: argparse.Namespace) -> int:
     }
     if health.get("launcher") in commands:
         print(f"  commands: {commands[health['launcher']]}")
+    spare = {
+        "ready": "ready (the next create() for the defaults takes it)",
+        "pending": "made once the daemon is quiet",
+        "off": "none",
+    }
+    if health.get("spare") in spare:
+        print(f"  spare sandbox: {spare[health['spare']]}")
     if health.get("root_missing"):
         print(
             f"  warning: the daemon's root {health.get('root')} was removed from outside the "

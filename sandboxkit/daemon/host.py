@@ -321,6 +321,12 @@ class Host:
             userns=userns,
         )
 
+    def spare_state(self) -> str:
+        """``ready``, ``pending`` or ``off``: the spare sandbox (:class:`Spare`)."""
+        if self.spare is None:
+            return "off"
+        return "pending" if self.spare.sandbox is None else "ready"
+
     def isolation_support(self) -> dict[str, Any]:
         """Whether namespaces can be had here, what is missing if not, and the default."""
         found = probe()

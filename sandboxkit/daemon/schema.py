@@ -186,6 +186,10 @@ class Health(Struct):
     """What each sandbox keeps started for its commands: a ``launcher`` that forks them,
     a ``shell`` that the next command takes (also where no launcher was built at install),
     or nothing (``off``)."""
+    spare: Literal["ready", "pending", "off"]
+    """The sandbox the daemon keeps made ahead for the next ``create()`` that asks for
+    the defaults (``sandboxkit/daemon/spare.py``): ``ready``, ``pending`` (made once the
+    daemon is quiet), or ``off`` (``--spare off``, or no launcher to keep up in it)."""
     root: str
     """The daemon's directory of working directories."""
     root_missing: bool

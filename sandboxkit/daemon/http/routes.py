@@ -83,6 +83,7 @@ class Api:
                 "closing": self.host.closing,
                 "isolation": self.host.isolation_support(),
                 "launcher": slot_kind(self.host.config.standby),
+                "spare": self.host.spare_state(),
                 "root": str(self.host.root),
                 "root_missing": not self.host.root.is_dir(),
                 "next_event": self.host.journal.next_seq,
