@@ -360,7 +360,13 @@ async def test_foreground_run_never_returns_incomplete_output(conn: dict[str, st
         async def exited() -> bool:
             return (await sbx.commands.get(proc.pid)).state == "exited"
 
-        cmd = [sys.executable, "-c", WRITER, str(LINE), str(LINES)]
+        # 8 MB: more than a stalled reader's buffers can hold (the client's socket takes
+        # up to 2 MiB once it has kept up, raw_stream.py, and the daemon's send buffer
+        # some more): with the 1 MB of the other tests, a reader whose buffer had grown
+        # took it all in its kernel before the daemon saw it behind, and nothing was lost.
+        lines = 8 * LINES
+        total = LINE * lines
+        cmd = [sys.executable, "-c", WRITER, str(LINE), str(lines)]
         # The gap reaches the reader after its stalled line, or (on a loaded machine,
         # where it read nothing before the eviction) before its first: warned either way.
         with pytest.warns(OutputGapWarning):
@@ -374,14 +380,14 @@ async def test_foreground_run_never_returns_incomplete_output(conn: dict[str, st
         error = caught.value
         assert error.result is not None and error.exit_code == 0
         # Received + lost = written; the result marks where the bytes are missing.
-        assert error.bytes_lost and 0 < error.bytes_lost < TOTAL
+        assert error.bytes_lost and 0 < error.bytes_lost < total
         assert f"{error.bytes_lost} bytes" in str(error)
         markers = re.findall(
             r"\n\[sandboxkit: (\d+) bytes of output lost here\]\n", error.result.stdout
         )
         assert markers and sum(map(int, markers)) == error.bytes_lost
         received = re.sub(r"\n\[sandboxkit: .*\]\n", "", error.result.stdout).encode()
-        assert len(received) + error.bytes_lost == TOTAL
+        assert len(received) + error.bytes_lost == total
 
         # Keeping less than the output is incomplete too, and says so.
         with pytest.raises(OutputIncomplete) as caught:

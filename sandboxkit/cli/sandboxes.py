@@ -38,15 +38,14 @@ def _cmd_status(args: argparse.Namespace) -> int:
         "shell": "each taking a shell started ahead (no launcher: none was built at install)",
         "off": "each started anew (--standby off)",
     }
-    if health.get("launcher") in commands:
-        print(f"  commands: {commands[health['launcher']]}")
     spare = {
         "ready": "ready (the next create() for the defaults takes it)",
         "pending": "made once the daemon is quiet",
         "off": "none",
     }
-    if health.get("spare") in spare:
-        print(f"  spare sandbox: {spare[health['spare']]}")
+    for label, key, said in (("commands", "launcher", commands), ("spare sandbox", "spare", spare)):
+        if health.get(key) in said:
+            print(f"  {label}: {said[health[key]]}")
     if health.get("root_missing"):
         print(
             f"  warning: the daemon's root {health.get('root')} was removed from outside the "
