@@ -4,14 +4,17 @@ command is then a fork of that launcher; invisible until taken; ended with the h
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import signal
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import psutil
 import pytest
-from freezer_support import served
+from freezer_support import alive, served
 from support import ended, fast_config, is_launcher, poll, wait_until
 
 from sandboxkit.daemon import isolation
@@ -219,3 +222,23 @@ async def test_a_spare_that_could_not_be_made_is_tried_again_after_the_next_crea
     second = await host.create_sandbox()  # its own, and a spare is asked for again
     assert second is not first and second.sandbox_id in host.sandboxes
     assert await _made(host) not in (first, second)
+
+
+async def test_a_host_closed_as_the_interpreter_exits_still_kills_every_sandbox(
+    host: Host,
+) -> None:
+    """An in-process daemon stopped by ``atexit`` (a notebook kernel's) finds the thread
+    pool closed: every ``to_thread`` raises RuntimeError. Every sandbox's processes are
+    killed all the same. (The spare's end, run first, once raised there and left the
+    sandboxes alive: a notebook's processes outlived its kernel.)"""
+    sandbox = await host.create_sandbox()
+    process = await sandbox.start_process(ProcessSpec(argv=("sleep", "60")))
+    launcher = _launcher_pid(await _made(host))
+    closed = ThreadPoolExecutor()
+    closed.shutdown()
+    asyncio.get_running_loop().set_default_executor(closed)
+    # What needs a thread after the kills (the daemon's cgroup, its root) is left to the
+    # next daemon, which reclaims a dead daemon's root (daemon/recovery.py).
+    with contextlib.suppress(RuntimeError):
+        await host.close()
+    assert not alive(process.pid) and not alive(launcher)

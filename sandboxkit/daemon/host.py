@@ -142,8 +142,6 @@ class Host:
             return
         self.closing = True
         self.quiet.close()
-        if self.spare is not None:
-            await self.spare.close()
         if self._housekeeper is not None:
             self._housekeeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -153,8 +151,11 @@ class Host:
             task.cancel()
         if streams:
             await asyncio.wait(streams, timeout=self.config.shutdown_drain)
+        # The spare beside the sandboxes, never before them: whatever its end raises
+        # (gathered, as theirs) leaves no sandbox alive.
         await asyncio.gather(
             *(s.kill(reason="shutdown") for s in self.sandboxes.values()),
+            *([self.spare.close()] if self.spare is not None else []),
             return_exceptions=True,
         )
         for sandbox in self.sandboxes.values():

@@ -374,8 +374,10 @@ class ManagedSandbox:
             if self.limits is not None:
                 self.limits.close()
             for directory in (self.workdir, self.tmpdir):
-                # Off the loop: the process may have left a large or very deep tree.
-                with contextlib.suppress(OSError, SandboxkitError):
+                # Off the loop: the process may have left a large or very deep tree. A
+                # RuntimeError: the interpreter is exiting (an in-process daemon stopped by
+                # atexit), its threads take no work; the next daemon removes the root.
+                with contextlib.suppress(OSError, SandboxkitError, RuntimeError):
                     await asyncio.to_thread(remove_directory, directory)
             self.state = "killed"
             self.state_seq += 1

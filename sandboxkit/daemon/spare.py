@@ -133,7 +133,7 @@ class Spare:
                 await self._making
         sandbox, self._sandbox = self._sandbox, None
         if sandbox is not None:
-            await self._end(sandbox)
+            self._own(self._end(sandbox))
         await asyncio.gather(*self._ending, return_exceptions=True)
 
     @staticmethod
