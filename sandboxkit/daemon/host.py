@@ -92,6 +92,8 @@ class Host:
         self.runtime_root = Path(tempfile.mkdtemp(prefix=ROOT_PREFIX + "run-"))
         self._runtime_lock = claim_root(self.runtime_root, None)
         self._housekeeper: asyncio.Task[None] | None = None
+        self.ticks = 0
+        """Housekeeping passes done (idle timeouts, results forgotten, sandboxes let go)."""
         self._streams: set[asyncio.Task[None]] = set()
         self.userns = DaemonUserns()
         self.quiet = Quiet()
@@ -405,6 +407,8 @@ class Host:
         )
         process.consumers[consumer.consumer_id] = consumer
         _prune_closed(process)
+        if (sandbox := self.sandboxes.get(process.sandbox_id)) is not None:
+            sandbox.reading(process)
         return consumer
 
     def start_stream(self, consumer: Consumer, sink: FrameSink) -> asyncio.Task[None]:
@@ -463,6 +467,7 @@ class Host:
                     self.journal.record(
                         "host.error", sandbox_id=sandbox.sandbox_id, error=repr(exc)
                     )
+            self.ticks += 1
 
     async def _tend(self, sandbox: ManagedSandbox, now: float, wall: float) -> None:
         if sandbox.idle_expired(now):
