@@ -14,11 +14,19 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import signal
 from collections.abc import Callable, Iterator
 from typing import Final
 
 from sandboxkit.daemon.freezer.marks import MARK_VAR, Mark, MarkReader, daemon_ident, daemon_mark
-from sandboxkit.daemon.freezer.proc import Ident, ProcStat, ident_of, read_stat, send_to
+from sandboxkit.daemon.freezer.proc import (
+    Ident,
+    ProcStat,
+    ident_of,
+    namespace_init,
+    read_stat,
+    send_to,
+)
 
 __all__ = ["DEFAULT_FREEZE_TIMEOUT", "SETTLE_AFTER", "Freezer"]
 
@@ -194,12 +202,14 @@ class Freezer(abc.ABC):
         While frozen only ``SIGKILL`` acts at once; other signals are delivered on thaw.
         """
 
-    def signal_launch(self, launch: str, sig: int) -> None:
+    def signal_launch(self, launch: str, sig: int, sent: set[Ident] | None = None) -> None:
         """Send ``sig`` to every live process ``launch`` started (see the module's
-        docstring), rescanning while new ones appear."""
+        docstring), rescanning while new ones appear. ``sent``: the processes that had it
+        already (skipped), and those that get it now are added: a later call reaches only
+        those born since."""
         if self._closed:
             return
-        sent: set[Ident] = set()
+        sent = set() if sent is None else sent
         for _ in range(_MAX_ROUNDS):
             members = self.launch_members(launch)
             new = [st.ident for st in _parents_first(members) if st.ident not in sent]
@@ -208,6 +218,20 @@ class Freezer(abc.ABC):
             for ident in new:
                 sent.add(ident)
                 send_to(ident, sig)
+
+    def end_empty_inits(self, launch: str) -> None:
+        """SIGKILL each process of ``launch`` that is a PID namespace's init with no
+        process left under it: a SIGTERM from here does not reach it, and it has nothing
+        to end gracefully. Bubblewrap's, when its monitor died of that SIGTERM before the
+        namespace was set up (a kill just after the spawn), waits for the monitor forever,
+        holding the command's pipes."""
+        if self._closed:
+            return
+        members = self.launch_members(launch)
+        parents = {st.ppid for st in members.values()}
+        for st in members.values():
+            if st.pid not in parents and namespace_init(st.pid):
+                send_to(st.ident, signal.SIGKILL)
 
     @abc.abstractmethod
     def close(self) -> None:

@@ -27,6 +27,7 @@ __all__ = [
     "exit_status",
     "ident_of",
     "is_stopped",
+    "namespace_init",
     "pid_alive",
     "read_environ_var",
     "read_stat",
@@ -89,6 +90,19 @@ def read_stat(pid: int | str) -> ProcStat | None:
         )
     except (IndexError, ValueError):
         return None
+
+
+def namespace_init(pid: int) -> bool:
+    """True if ``pid`` is the init (pid 1) of a PID namespace below this one: its
+    ``NSpid`` (its pid in each namespace, outermost first) ends in 1. Such a process
+    ignores every signal from outside its namespace but SIGKILL and SIGSTOP, unless it
+    handles it."""
+    data = _read(f"/proc/{pid}/status")
+    for line in (data or b"").splitlines():
+        if line.startswith(b"NSpid:"):
+            pids = line.split()[1:]
+            return len(pids) > 1 and pids[-1] == b"1"
+    return False
 
 
 def _read(path: str) -> bytes | None:
