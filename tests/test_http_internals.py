@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import logging
 import socket
 import sys
@@ -23,6 +24,8 @@ from uvicorn.config import HTTP_PROTOCOLS
 from uvicorn.importer import import_from_string
 
 from sandboxkit.daemon.http import fast_path
+from sandboxkit.daemon.http.responses import JsonArrayResponse
+from sandboxkit.daemon.schema import encode_json
 
 
 def _implementations() -> list[str]:
@@ -222,3 +225,22 @@ def test_uvicorns_server_has_what_the_prompt_stop_uses() -> None:
             f"{where}: ServerState has no {name!r}, which "
             "sandboxkit/daemon/http/prompt_server.py waits on"
         )
+
+
+@pytest.mark.parametrize(
+    "items",
+    [
+        [],
+        [{"a": 1}],
+        [{"name": "caf\udce9"}, {"x": float("nan")}, {"nested": {"k": [1, 2.5, None]}}],
+    ],
+)
+def test_a_json_array_answer_is_the_list_encoded_each_item_repaired_alone(
+    items: list[dict[str, Any]],
+) -> None:
+    # GET /sandboxes, …/processes and /events encode item by item (the garbage
+    # collector never sees the whole list of dicts): the same JSON as the list, and an
+    # item that needs repair (a lone surrogate, NaN) spoils none of the others.
+    body = JsonArrayResponse(items, dict).body
+    assert json.loads(body) == json.loads(encode_json(items))
+    assert body == encode_json(items)

@@ -19,12 +19,13 @@ from starlette.responses import Response
 
 from sandboxkit._version import __version__
 from sandboxkit.daemon.consumers import CONSUMER_STATES
+from sandboxkit.daemon.events import Event
 from sandboxkit.daemon.files import FileContent, FileEntry, FileQuery, FilesApi, WriteFile
 from sandboxkit.daemon.host import Host
 from sandboxkit.daemon.http import parsing
 from sandboxkit.daemon.http.endpoint import Endpoint
 from sandboxkit.daemon.http.openapi import openapi
-from sandboxkit.daemon.http.responses import JsonResponse
+from sandboxkit.daemon.http.responses import JsonArrayResponse, JsonResponse
 from sandboxkit.daemon.http.stream import FrameStreamResponse
 from sandboxkit.daemon.launcher_slot import slot_kind
 from sandboxkit.daemon.process import ManagedProcess, ProcessSpec, check_exec_size
@@ -108,7 +109,7 @@ class Api:
         return JsonResponse(sandbox.to_json(), status_code=201)
 
     async def list_sandboxes(self, request: Request) -> Response:
-        return JsonResponse([s.to_json() for s in self.host.sandboxes.values()])
+        return JsonArrayResponse(self.host.sandboxes.values(), ManagedSandbox.to_json)
 
     # Looking is not activity (docs/protocol.md, "What keeps a sandbox alive"): the read
     # routes look a sandbox up with host.get, which neither restarts its idle timer nor
@@ -176,7 +177,7 @@ class Api:
 
     async def list_processes(self, request: Request) -> Response:
         sandbox = self.host.get(request.path_params["sid"])
-        return JsonResponse([p.to_json() for p in sandbox.processes.values()])
+        return JsonArrayResponse(sandbox.processes.values(), ManagedProcess.to_json)
 
     async def get_process(self, request: Request) -> Response:
         pid = parsing.pid(request)
@@ -252,7 +253,7 @@ class Api:
         while not events and (left := deadline - time.monotonic()) > 0:
             await journal.wait(left, sandbox_id=sandbox_id)
             events = journal.since(query.since, sandbox_id=sandbox_id, pid=query.pid)
-        return JsonResponse([e.to_json() for e in events])
+        return JsonArrayResponse(events, Event.to_json)
 
     async def consumers(self, request: Request) -> Response:
         return JsonResponse(self.host.consumer_metrics(request.path_params.get("sid")))
