@@ -11,10 +11,19 @@ daemon:
 * **RSS and fds per sandbox** — the daemon's anonymous RSS (``RssAnon``: its own memory,
   not mapped file pages) and its open descriptors (``/proc/PID/fd``) with everything
   attached, less the fresh daemon's, divided by N.
+* **settling** — how long the daemon keeps working after the N creates and starts: each
+  sandbox's launcher is started once the daemon is quiet, one at a time
+  (``daemon/launcher_slot.py``); measured until two half-second windows in a row use
+  under :data:`SETTLED` % of a core. Everything below is measured after it.
 * **idle CPU** — the daemon's CPU (% of one core, from its threads' ``schedstat``) over
   2 s with all N sandboxes idle (housekeeping and the consumers' keepalives), and what
   that adds to the fresh daemon's (measured the same way before the first sandbox) per
   1,000 sandboxes.
+* **idle CPU beside N exited processes** — in the daemon of the fan-out alone, one
+  sandbox runs N short commands (``true``), which it keeps for their result TTL (15
+  minutes by default, as a notebook's loop of commands leaves them); the daemon's idle
+  CPU then, over 2 s, settled (goal: flat; housekeeping visited each of them every 50 ms
+  until it looked only at what can have expired).
 * **``GET /sandboxes`` p50** — the whole answer read, on a kept-alive connection.
 * **the events stream, per event** — ``GET /events`` as a follower of the journal reads
   it: the p50 of a page of the 100 newest events (fewer if the journal is shorter),
@@ -82,6 +91,10 @@ SHELL_PRODUCER = ["sh", "-c", "while :; do head -c 1048576 /dev/zero; sleep 0.1;
 
 IDLE = ["sleep", "3600"]
 
+SETTLED = 10.0
+"""% of a core under which the daemon counts as settled after a burst (idle at 1,000
+sandboxes: 3-5 %; starting their launchers: 20-35 %)."""
+
 
 @dataclass
 class Size:
@@ -95,6 +108,10 @@ class Size:
     """The fresh daemon's, before the first sandbox."""
     idle_cpu_per_1000: float
     """(idle - fresh) per 1,000 sandboxes, % of a core."""
+    settle_s: float
+    """Seconds the daemon worked on after the creates and starts (their launchers)."""
+    exited_cpu_pct: float
+    """Idle CPU of a daemon whose one sandbox keeps N exited processes, % of a core."""
     list_p50_ms: float
     list_bytes: int
     journal_events: int
@@ -283,7 +300,7 @@ async def measure(
             consumers.append(consumer)
         await asyncio.gather(*(c.wait_attached() for c in consumers))
         try:
-            await asyncio.sleep(1.0)  # sleep-ok: let the attach work settle before reading
+            settle_s = await _settle(daemon)
             rss, fds = daemon.rss_kib(), daemon.fds()
             idle_cpu = await _cpu_pct(daemon, 2.0)
 
@@ -314,6 +331,7 @@ async def measure(
         "idle_cpu_pct": idle_cpu,
         "fresh_cpu_pct": fresh_cpu,
         "idle_cpu_per_1000": (idle_cpu - fresh_cpu) / n * 1000,
+        "settle_s": settle_s,
         "list_p50_ms": list_s * 1e3,
         "list_bytes": len(listed),
         "journal_events": journal,
@@ -325,6 +343,37 @@ async def measure(
         "fanout_mb_s": rate,
         "fanout_cpu_pct": rate_cpu,
     }
+
+
+async def _settle(daemon: Daemon, deadline: float = 180.0) -> float:
+    """Wait until the daemon has used under :data:`SETTLED` % of a core in two
+    half-second windows in a row; the seconds that took (the last window's end)."""
+    start = time.perf_counter()
+    calm = 0
+    while calm < 2:
+        if time.perf_counter() - start > deadline:
+            raise TimeoutError(f"the daemon did not settle in {deadline:.0f} s")
+        calm = calm + 1 if await _cpu_pct(daemon, 0.5) < SETTLED else 0
+    return time.perf_counter() - start - 1.0
+
+
+async def exited(state: DaemonState, pid: int, n: int) -> float:
+    """The daemon's idle CPU (% of a core) once one sandbox of its ran ``n`` commands to
+    their end and keeps them."""
+    daemon = Daemon(pid)
+    async with _client(state) as http:
+        sid = await _create(http, "none")
+        pids = {await _start(http, sid, ["true"]) for _ in range(n)}
+        deadline = time.perf_counter() + 120
+        while True:
+            listed = (await http.get(f"/sandboxes/{sid}/processes")).json()
+            if sum(p["pid"] in pids and p["exit_code"] is not None for p in listed) == n:
+                break
+            if time.perf_counter() > deadline:
+                raise TimeoutError(f"{n} commands did not end in 120 s")
+            await asyncio.sleep(0.2)  # sleep-ok: polled until they have ended
+        await _settle(daemon)
+        return await _cpu_pct(daemon, 2.0)
 
 
 async def _cpu_pct(daemon: Daemon, seconds: float) -> float:
@@ -378,6 +427,7 @@ async def _follow(state: DaemonState, sid: str, since: int) -> asyncio.Task[None
 def run_size(n: int, isolation: str, seconds: float) -> Size:
     with local_daemon() as (process, state):
         alone_rate, alone_cpu = asyncio.run(alone(state, process.pid, isolation, seconds))
+        exited_cpu = asyncio.run(exited(state, process.pid, n))
     with local_daemon() as (process, state):
         figures = asyncio.run(measure(state, process.pid, n, isolation, seconds))
     return Size(
@@ -385,6 +435,7 @@ def run_size(n: int, isolation: str, seconds: float) -> Size:
         fanout_alone_mb_s=alone_rate,
         fanout_ratio=figures["fanout_mb_s"] / alone_rate,
         fanout_alone_cpu_pct=alone_cpu,
+        exited_cpu_pct=exited_cpu,
         **figures,
     )
 
@@ -396,6 +447,8 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("fds_per_sandbox", "fds/sbx", "{:.2f}"),
     ("idle_cpu_pct", "idle CPU %", "{:.1f}"),
     ("idle_cpu_per_1000", "… per 1,000 sbx", "{:.1f}"),
+    ("settle_s", "settle s", "{:.1f}"),
+    ("exited_cpu_pct", "idle CPU % beside N exited", "{:.1f}"),
     ("list_p50_ms", "list p50 ms", "{:.2f}"),
     ("journal_events", "journal", "{:d}"),
     ("event_us", "event µs", "{:.1f}"),
@@ -412,6 +465,8 @@ COLUMNS: list[tuple[str, str, str]] = [
 GROWTH = [
     ("list_p50_ms", "total"),
     ("idle_cpu_pct", "total"),
+    ("settle_s", "total"),
+    ("exited_cpu_pct", "total: goal flat"),
     ("event_us", "per event"),
     ("poll_p50_ms", "per poll"),
     ("followed_event_cpu_us", "per event, a follower per sandbox"),
