@@ -145,3 +145,16 @@ async def ended(process: ManagedProcess) -> tuple[int | None, bytes, bytes]:
     """Once a daemon-side process ended: its exit code, stdout and stderr."""
     code = await process.wait(10)
     return code, printed(process, "stdout"), printed(process, "stderr")
+
+
+class StuckSink:
+    """A consumer's transport whose peer stopped reading: every send waits until closed."""
+
+    def __init__(self) -> None:
+        self._closed = asyncio.Event()
+
+    async def send(self, data: bytes) -> None:
+        await self._closed.wait()
+
+    async def close(self) -> None:
+        self._closed.set()

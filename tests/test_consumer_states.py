@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from support import poll
+from support import StuckSink, poll
 
 from sandboxkit import AsyncSandbox
 from sandboxkit.client.transport import raw_stream
@@ -49,19 +49,6 @@ class OpenSink:
 
     async def close(self) -> None:
         pass
-
-
-class StuckSink:
-    """A transport whose peer stopped reading: every send waits until closed."""
-
-    def __init__(self) -> None:
-        self._closed = asyncio.Event()
-
-    async def send(self, data: bytes) -> None:
-        await self._closed.wait()
-
-    async def close(self) -> None:
-        self._closed.set()
 
 
 async def _producing(host: Host, **sandbox: Any) -> tuple[ManagedSandbox, ManagedProcess]:

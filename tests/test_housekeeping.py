@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from support import fast_config, poll
+from support import StuckSink, fast_config, poll
 
 import sandboxkit.daemon.sandbox as sandbox_module
 from sandboxkit.daemon.host import Host
@@ -115,7 +115,7 @@ async def test_a_result_read_past_its_ttl_is_forgotten_once_its_reader_leaves() 
         sandbox = await host.create_sandbox()
         process = await sandbox.start_process(ProcessSpec(argv=("true",)))
         await process.wait()
-        reading = host.start_stream(host.open_consumer(process, 0), _Held())
+        reading = host.start_stream(host.open_consumer(process, 0), StuckSink())
         # Long past the TTL, read still: kept (its reader must be able to finish).
         await poll(lambda: time.time() - (process.log.ended_at or 0) > 1.0, 10, "1 s")
         await _ticks(host, 5)
@@ -132,7 +132,7 @@ async def test_a_reader_of_an_old_result_keeps_its_sandbox_from_going_idle() -> 
     async with Host(config) as host:
         sandbox = await host.create_sandbox(timeout=0.3, on_timeout="kill")
         old = _ended(sandbox, 200)[0]
-        reading = host.start_stream(host.open_consumer(old, 0), _Held())
+        reading = host.start_stream(host.open_consumer(old, 0), StuckSink())
         opened = time.monotonic()
         await poll(lambda: time.monotonic() - opened > 1.0, 10, "three idle timeouts")
         await _ticks(host, 5)
@@ -141,19 +141,6 @@ async def test_a_reader_of_an_old_result_keeps_its_sandbox_from_going_idle() -> 
         closed = time.monotonic()
         await poll(lambda: sandbox.state == "killed", 10, "the idle timeout")
         assert time.monotonic() - closed >= 0.3 - 0.05
-
-
-class _Held:
-    """A reader's transport that takes nothing until the reader leaves."""
-
-    def __init__(self) -> None:
-        self._closed = asyncio.Event()
-
-    async def send(self, data: bytes) -> None:
-        await self._closed.wait()
-
-    async def close(self) -> None:
-        self._closed.set()
 
 
 async def _leave(reading: asyncio.Task[None]) -> None:
