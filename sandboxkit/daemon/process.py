@@ -23,7 +23,7 @@ from sandboxkit.daemon.events import EventJournal
 from sandboxkit.daemon.fanout import Fanout
 from sandboxkit.daemon.fds import FdBudget, exhausted
 from sandboxkit.daemon.freezer import Freezer
-from sandboxkit.daemon.freezer.proc import Ident
+from sandboxkit.daemon.freezer.termination import FIRST_LOOK, LAST_LOOK, Termination
 from sandboxkit.daemon.isolation import HOME, NamespacePlan, sandbox_account
 from sandboxkit.daemon.launcher import LauncherGone
 from sandboxkit.daemon.launcher_slot import LauncherSlot
@@ -45,9 +45,6 @@ from sandboxkit.errors import InvalidArgument, ResourceExhausted, StdinBusy
 
 __all__ = ["ManagedProcess", "ProcessSpec", "check_exec_size"]
 
-
-_FIRST_LOOK, _LAST_LOOK = 0.005, 0.25
-"""Seconds between looks for processes born since a kill's SIGTERM, doubling."""
 
 _COALESCE_UNREAD = 4096
 """Small writes nobody has read yet join one chunk up to this size (see OutputLog)."""
@@ -378,17 +375,15 @@ class ManagedProcess:
             grace = self.config.kill_grace if grace is None else grace
             loop = asyncio.get_running_loop()
             deadline = loop.time() + grace
-            # Every process of the tree gets one SIGTERM, also one born after the first
-            # look: an isolated command is born 2-3 ms after its launch is spawned
-            # (bubblewrap makes its namespaces first), and one killed in between ran on,
-            # unsignalled, until the SIGKILL at the end of the grace.
-            termed: set[Ident] = set()
-            self._terminate(termed)
-            look = _FIRST_LOOK
+            # Each process of the tree gets one SIGTERM, those born later too (see
+            # daemon/freezer/termination.py): the tree is looked at again meanwhile.
+            term = Termination(self._freezer, self.launch, contained=self.isolated)
+            term.send()
+            look = FIRST_LOOK
             while self.running and (left := deadline - loop.time()) > 0:
                 await self.wait(min(left, look))
-                self._terminate(termed)
-                look = min(look * 2, _LAST_LOOK)
+                term.send()
+                look = min(look * 2, LAST_LOOK)
             if self.running:
                 self.signal_tree(signal.SIGKILL)
                 await self.wait(grace + self.config.exit_drain + 5)
@@ -399,24 +394,11 @@ class ManagedProcess:
                 pids = self.tree_pids()
                 if not pids:
                     break
-                if not set(pids) <= {ident.pid for ident in termed}:
-                    self._terminate(termed)
+                if term.missed(pids):
+                    term.send()
                 await asyncio.sleep(0.01)  # sleep-ok: poll, bounded by the grace
         self.signal_tree(signal.SIGKILL)
         return self.log.exit_code
-
-    def _terminate(self, termed: set[Ident]) -> None:
-        """SIGTERM, then SIGCONT (a stopped process hears it then), each process of the
-        tree not in ``termed``; they join it. A PID namespace's init, which no SIGTERM
-        from here reaches, goes once nothing is left under it."""
-        if self._freezer is None:
-            return
-        fresh = set(termed)
-        self._freezer.signal_launch(self.launch, signal.SIGTERM, fresh)
-        self._freezer.signal_launch(self.launch, signal.SIGCONT, set(termed))
-        termed |= fresh
-        if self.isolated:
-            self._freezer.end_empty_inits(self.launch)
 
     def tree_pids(self) -> list[int]:
         """The live processes this one started (itself included), wherever they went:
@@ -425,12 +407,11 @@ class ManagedProcess:
             return []
         return sorted(self._freezer.launch_members(self.launch))
 
-    def signal_tree(self, sig: int, sent: set[Ident] | None = None) -> None:
+    def signal_tree(self, sig: int) -> None:
         """Send ``sig`` to the process and everything it started, through the freezer:
-        descendants, its session, and what escaped both (setsid'd, double-forked);
-        ``sent``: see :meth:`Freezer.signal_launch`."""
+        descendants, its session, and what escaped both (setsid'd, double-forked)."""
         if self._freezer is not None:
-            self._freezer.signal_launch(self.launch, sig, sent)
+            self._freezer.signal_launch(self.launch, sig)
 
     async def close(self) -> None:
         """Cancel this process's own tasks (its exit watcher, its deadline, its fan-out)."""
