@@ -469,6 +469,27 @@ async def test_a_pause_freezes_the_sandboxs_processes_and_not_bubblewraps_monito
     assert process.log.exit_code == -signal.SIGTERM
 
 
+async def test_an_init_whose_command_just_ended_is_left_to_report_it(host: Host) -> None:
+    """A kill SIGKILLs a PID namespace's init with nothing under it (one whose monitor
+    died before the namespace was set up waits forever), but not while its monitor lives:
+    that init has just lost its command and is about to pass on how it ended. Killed in
+    that moment, the monitor reported the init's SIGKILL (-9) for a command SIGTERMed: one
+    CI run in a few. The moment is held open here by stopping the init."""
+    sandbox = await host.create_sandbox(isolation="namespaces")
+    process = await sandbox.start_process(ProcessSpec(cmd="exec sleep 30"))
+    sleeper, _ = await poll(lambda: _user_namespace(process.pid))
+    (init,) = (c.pid for c in psutil.Process(process.pid).children())
+    os.kill(init, signal.SIGSTOP)
+    await poll(lambda: psutil.Process(init).status() == psutil.STATUS_STOPPED, what="stopped")
+    os.kill(sleeper, signal.SIGTERM)
+    await poll(lambda: psutil.Process(sleeper).status() == psutil.STATUS_ZOMBIE, what="ended")
+    assert sandbox.tree is not None
+    sandbox.tree.end_empty_inits(process.launch)
+    assert alive(init), "the init was killed while its monitor waited for it"
+    os.kill(init, signal.SIGCONT)
+    assert await process.wait(10) == -signal.SIGTERM
+
+
 async def test_a_freezer_closed_while_it_settles_a_launch_leaves_no_cgroup_behind(
     host: Host, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -329,6 +329,9 @@ def test_a_removed_root_is_named_in_the_error_the_journal_and_health(
     from sandboxkit import Sandbox, WorkdirMissing
 
     root = daemon.host.root
+    # The daemon makes its spare sandbox as it starts: removed meanwhile, the root's
+    # listing raced the spare's new directories (rmtree's FileNotFoundError).
+    wait_until(lambda: daemon.host.spare_state() != "pending", what="the spare made")
     shutil.rmtree(root)  # what a neighbour's recovery, or a temp cleaner, did before the fix
     with httpx.Client(
         base_url=daemon.url, headers={"Authorization": f"Bearer {daemon.token}"}

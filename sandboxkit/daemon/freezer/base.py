@@ -221,16 +221,21 @@ class Freezer(abc.ABC):
 
     def end_empty_inits(self, launch: str) -> None:
         """SIGKILL each process of ``launch`` that is a PID namespace's init with no
-        process left under it: a SIGTERM from here does not reach it, and it has nothing
-        to end gracefully. Bubblewrap's, when its monitor died of that SIGTERM before the
-        namespace was set up (a kill just after the spawn), waits for the monitor forever,
-        holding the command's pipes."""
+        process left under it and no parent of the launch's: a SIGTERM from here does not
+        reach it, and it has nothing to end gracefully. Bubblewrap's, when its monitor died
+        of that SIGTERM before the namespace was set up (a kill just after the spawn),
+        waits for the monitor forever, holding the command's pipes. One whose monitor
+        lives has just lost its command and is passing on how it ended: killed then, the
+        monitor reported the init's SIGKILL for the command's SIGTERM."""
         if self._closed:
             return
         members = self.launch_members(launch)
         parents = {st.ppid for st in members.values()}
+        waiting = set(members)
+        if (leader := self._launches.get(launch)) is not None:
+            waiting.add(leader.pid)  # bubblewrap's monitor, out of the cgroup once settled
         for st in members.values():
-            if st.pid not in parents and namespace_init(st.pid):
+            if st.pid not in parents and st.ppid not in waiting and namespace_init(st.pid):
                 send_to(st.ident, signal.SIGKILL)
 
     @abc.abstractmethod
