@@ -3,8 +3,9 @@ its processes gets one, also a process born after the first look. An isolated co
 born 2-3 ms after its launch is spawned (bubblewrap makes its namespaces first), and one
 killed in between ran on, unsignalled, until the SIGKILL at the end of the grace. A PID
 namespace's init, which no SIGTERM from outside its namespace reaches, gets SIGKILL once
-nothing is left under it (bubblewrap's, killed before its namespace was set up, waits
-forever for its monitor, which that SIGTERM ended, holding the command's pipes)."""
+nothing is left under it and its monitor is gone (bubblewrap's, killed before its
+namespace was set up, waits forever for its monitor, which that SIGTERM ended, holding the
+command's pipes; one whose monitor lives is passing on how its command ended)."""
 
 from __future__ import annotations
 
