@@ -12,6 +12,7 @@ import os
 import secrets
 import signal
 import socket
+import subprocess
 import sys
 import time
 import weakref
@@ -29,6 +30,7 @@ from sandboxkit import AsyncSandbox, Sandbox, SandboxClosed
 from sandboxkit.client.results import SandboxInfo
 from sandboxkit.client.tasks import TaskOwner
 from sandboxkit.daemon.freezer import cgroup_v2_available
+from sandboxkit.daemon.freezer.cgroupfs import cgroup2_mount
 from sandboxkit.daemon.server import DaemonServer
 
 
@@ -476,3 +478,55 @@ def test_a_stop_wakes_the_server_instead_of_waiting_on_uvicorns_sleeps(
                 httpx.get(url)
     finally:
         sandbox.close()
+
+
+# -- at interpreter exit -------------------------------------------------------------------
+
+_LEFT_AT_EXIT = """\
+import os, time
+from sandboxkit import Sandbox
+from sandboxkit.daemon.server import DaemonServer
+daemon = DaemonServer(envd_port=0).start()  # never stopped: its atexit hook stops it
+sandbox = Sandbox.create(url=daemon.url, token=daemon.token, limits={"pids": 64})
+pid = sandbox.commands.run("exec sleep 600", background=True).pid
+cgroups = ""
+for _ in range(200):  # where its wrapper put it, once it has (none for a user's daemon)
+    cgroups = open(f"/proc/{pid}/cgroup").read()
+    if "/sandboxkit-" in cgroups or os.geteuid() != 0:
+        break
+    time.sleep(0.01)  # sleep-ok: a poll
+print(pid, cgroups, flush=True)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_an_in_process_daemon_left_running_at_exit_ends_cleanly(tmp_path: Path) -> None:
+    """A notebook's or a script's daemon is stopped by the atexit hook ``start()`` sets,
+    after ``concurrent.futures`` stopped taking work: its close ran into ``RuntimeError``
+    halfway (a traceback printed, the root and its cgroups left for the next daemon). It
+    must end its processes, remove its directories and say nothing."""
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", _LEFT_AT_EXIT], env=env, capture_output=True, text=True, timeout=50
+    )
+    assert done.returncode == 0, done.stderr
+    pid, cgroups = done.stdout.strip().split(maxsplit=1)
+    assert not _alive(int(pid)), "its process outlived the daemon"
+    assert "Traceback" not in done.stderr, done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], "its root was left behind"
+    made = [d for d in _cgroup_dirs(cgroups) if "/sandboxkit-" in str(d)]
+    assert [d.parent for d in made if d.parent.exists()] == [], "its cgroups were left behind"
+
+
+def _cgroup_dirs(proc_cgroup: str) -> list[Path]:
+    """The cgroup directories a ``/proc/<pid>/cgroup`` names: v2's, and v1's for the
+    hierarchies a daemon's limits use."""
+    found = []
+    for line in proc_cgroup.splitlines():
+        _, controllers, path = line.split(":", 2)
+        mount = cgroup2_mount()
+        if not controllers and mount is not None:
+            found.append(mount / path.lstrip("/"))
+        for controller in {"memory", "pids", "cpu"} & set(controllers.split(",")):
+            found.append(Path("/sys/fs/cgroup", controller) / path.lstrip("/"))
+    return found

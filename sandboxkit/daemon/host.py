@@ -34,7 +34,8 @@ from sandboxkit.daemon.isolation import (
 )
 from sandboxkit.daemon.launch import shell_ulimit
 from sandboxkit.daemon.launcher_slot import slot_kind
-from sandboxkit.daemon.limits import LimitEnforcer, v1_daemon_dirs
+from sandboxkit.daemon.limits import LimitEnforcer, release_v1_daemon_dirs, v1_daemon_dirs
+from sandboxkit.daemon.off_loop import off_loop
 from sandboxkit.daemon.process import ManagedProcess
 from sandboxkit.daemon.recovery import ROOT_PREFIX, RootLock, claim_root, recover
 from sandboxkit.daemon.sandbox import ManagedSandbox, OnTimeout, check_timeout
@@ -122,13 +123,13 @@ class Host:
         if self._housekeeper is None:
             # Tried once, off the loop: a create then never waits for bwrap (or the
             # shell's ulimit, see daemon/launch.py) to answer.
-            await asyncio.to_thread(probe)
-            await asyncio.to_thread(shell_ulimit)
+            await off_loop(probe)
+            await off_loop(shell_ulimit)
             if probe().available:  # what every namespaced launch mounts (isolation.py)
                 hide = hidden_defaults(self.root, self.runtime_root)
-                await asyncio.to_thread(host_mounts, hide, bool(drop_prefix()))
+                await off_loop(host_mounts, hide, bool(drop_prefix()))
             try:
-                reports = await asyncio.to_thread(recover)
+                reports = await off_loop(recover)
             except Exception as exc:  # best effort: never keep the daemon from serving
                 self.journal.record("host.error", reason="recovery", error=repr(exc))
                 reports = []
@@ -162,7 +163,8 @@ class Host:
         )
         for sandbox in self.sandboxes.values():
             await sandbox.release()
-        await asyncio.to_thread(release_daemon_cgroup)
+        await off_loop(release_daemon_cgroup)  # deferred v1 cgroups too
+        await off_loop(release_v1_daemon_dirs)
         await self.userns.close()
         if self._own_root:
             shutil.rmtree(self.root, ignore_errors=True)

@@ -27,6 +27,7 @@ from typing import Any, Final, TypeVar
 
 from sandboxkit.daemon.freezer import Freezer
 from sandboxkit.daemon.launcher import Launcher, LauncherGone, program_fd
+from sandboxkit.daemon.off_loop import off_loop
 from sandboxkit.daemon.process_spec import Launch
 from sandboxkit.daemon.spawn import Child, Process, start
 from sandboxkit.daemon.standby import Quiet
@@ -154,7 +155,7 @@ class LauncherSlot:
             raise
         with self._freezer.launching(launch), contextlib.closing(prepared):
             try:
-                popen = await asyncio.to_thread(_start_detached, prepared)
+                popen = await off_loop(_start_detached, prepared)
             except BaseException:
                 ours.close()
                 raise
@@ -165,9 +166,7 @@ class LauncherSlot:
             launcher = Launcher(ours, child, launch)
             child.exited.add_done_callback(lambda _: launcher.close())
             try:
-                await asyncio.to_thread(
-                    self._freezer.add, popen.pid, launch, contained=self._contained
-                )
+                await off_loop(self._freezer.add, popen.pid, launch, contained=self._contained)
                 await asyncio.wait_for(launcher.hello, 10)
             except BaseException:
                 self._end(launcher)

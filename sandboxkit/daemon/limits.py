@@ -34,7 +34,11 @@ from pathlib import Path
 from typing import Any, Final
 
 from sandboxkit.daemon.freezer.cgroupfs import cgroup_pids, rmdir_tree
-from sandboxkit.daemon.freezer.daemon_cgroup import daemon_cgroup_name, is_daemon_cgroup_name
+from sandboxkit.daemon.freezer.daemon_cgroup import (
+    daemon_cgroup_name,
+    defer_removal,
+    is_daemon_cgroup_name,
+)
 from sandboxkit.daemon.launch import wrapper
 from sandboxkit.limits import Limits
 
@@ -165,10 +169,19 @@ class LimitEnforcer:
         return dict(self.how)
 
     def close(self) -> None:
-        """Remove the v1 cgroups (the sandbox's processes are gone by now)."""
+        """Remove the v1 cgroups (blocking: run it off the loop). The sandbox's processes
+        are killed by now, but what they leave may take a while longer: a cgroup at its
+        memory limit reclaims as it goes, bubblewrap's namespace init tears its
+        namespaces down after its command ended. A cgroup still held after
+        :data:`_V1_CLOSE_WAIT` goes later (``defer_removal``: the next sandbox, or the
+        host's close, retries it)."""
+        deadline = time.monotonic() + _V1_CLOSE_WAIT
         for directory in self._v1.values():
-            with contextlib.suppress(OSError):
-                directory.rmdir()
+            while not rmdir_tree(directory) and time.monotonic() < deadline:
+                time.sleep(0.002)  # sleep-ok: killed processes leave a cgroup shortly
+            if directory.exists():
+                defer_removal(directory)
+            else:
                 with contextlib.suppress(OSError):
                     directory.parent.rmdir()  # the daemon's, once its last sandbox goes
         self._v1.clear()
@@ -190,6 +203,7 @@ def _enable_v2(parent: Path, controller: str) -> bool:
 
 _V1_CONTROLLERS: Final = ("memory", "pids", "cpu")
 _V1_EMPTY_WAIT: Final = 2.0
+_V1_CLOSE_WAIT: Final = 0.5
 
 
 def _v1_dir(controller: str, sandbox_id: str) -> Path | None:
@@ -224,6 +238,14 @@ def v1_daemon_dirs() -> list[Path]:
     if os.geteuid() != 0:
         return []
     return [d for c in _V1_CONTROLLERS if (d := _v1_daemon_dir(c)) is not None]
+
+
+def release_v1_daemon_dirs() -> None:
+    """When a host closes: remove this daemon's v1 limit cgroups, left empty by its
+    sandboxes (another host in the same process keeps those it still uses)."""
+    for directory in v1_daemon_dirs():
+        with contextlib.suppress(OSError):
+            directory.rmdir()
 
 
 def reap_v1_cgroup(path: Path) -> dict[str, Any] | None:

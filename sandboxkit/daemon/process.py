@@ -28,6 +28,7 @@ from sandboxkit.daemon.isolation import HOME, NamespacePlan, sandbox_account
 from sandboxkit.daemon.launcher import LauncherGone
 from sandboxkit.daemon.launcher_slot import LauncherSlot
 from sandboxkit.daemon.limits import LimitEnforcer
+from sandboxkit.daemon.off_loop import off_loop
 from sandboxkit.daemon.output_log import OutputLog
 from sandboxkit.daemon.process_io import PtyInput, PtyReader
 from sandboxkit.daemon.process_spec import (
@@ -150,7 +151,7 @@ class ManagedProcess:
             # would wait. Also where the wrapper joins by itself: left to the wrapper
             # alone, a namespaced sandbox's first command took about 4 ms longer
             # (benchmarks/isolation.py).
-            await asyncio.to_thread(freezer.add, self.pid, self.launch, contained=self.isolated)
+            await off_loop(freezer.add, self.pid, self.launch, contained=self.isolated)
             if self.isolated:
                 self._own(freezer.settle_soon(self.launch, lambda: self.running))
         self._running(freezer, pty_reader)

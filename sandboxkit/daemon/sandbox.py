@@ -21,6 +21,7 @@ from sandboxkit.daemon.freezer import Freezer
 from sandboxkit.daemon.isolation import NamespacePlan
 from sandboxkit.daemon.launcher_slot import LauncherSlot, slot_kind
 from sandboxkit.daemon.limits import LimitEnforcer
+from sandboxkit.daemon.off_loop import off_loop
 from sandboxkit.daemon.output_log import OutputLog
 from sandboxkit.daemon.process import ManagedProcess
 from sandboxkit.daemon.process_spec import Launch, ProcessSpec, prepare
@@ -404,13 +405,11 @@ class ManagedSandbox:
                 process.log.drop_cache()
             self.tree.close()
             if self.limits is not None:
-                self.limits.close()
+                await off_loop(self.limits.close)
             for directory in (self.workdir, self.tmpdir):
-                # Off the loop: the process may have left a large or very deep tree. A
-                # RuntimeError: the interpreter is exiting (an in-process daemon stopped by
-                # atexit), its threads take no work; the next daemon removes the root.
-                with contextlib.suppress(OSError, SandboxkitError, RuntimeError):
-                    await asyncio.to_thread(remove_directory, directory)
+                # Off the loop: the process may have left a large or very deep tree.
+                with contextlib.suppress(OSError, SandboxkitError):
+                    await off_loop(remove_directory, directory)
             self.state = "killed"
             self.state_seq += 1
             self.killed_at = time.time()

@@ -20,7 +20,7 @@ Symlinks that stay beneath are followed.
 **No blocking.** Opens carry ``O_NONBLOCK`` (a FIFO opens at once instead of waiting
 for its peer) and anything but a regular file or directory — a FIFO, a socket, a device
 — is refused with InvalidArgument (``reason`` ``not_regular``). The callers run this
-module's functions off the event loop (``asyncio.to_thread``) within
+module's functions off the event loop (:func:`off_loop`) within
 :data:`FILE_OP_DEADLINE`.
 
 **Names** that are not UTF-8 are escaped, so answers are always valid JSON and names
@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from sandboxkit.daemon import off_loop as blocking
 from sandboxkit.errors import FileNotFound, InvalidArgument, SandboxkitError
 
 __all__ = [
@@ -479,7 +480,7 @@ async def off_loop(what: str, work: Callable[..., T], *args: Any) -> T:
     """Run blocking file work on a thread within :data:`FILE_OP_DEADLINE`; past it the
     request fails (InvalidArgument ``reason`` ``deadline``) while the thread finishes."""
     try:
-        return await asyncio.wait_for(asyncio.to_thread(work, *args), FILE_OP_DEADLINE)
+        return await asyncio.wait_for(blocking.off_loop(work, *args), FILE_OP_DEADLINE)
     except asyncio.TimeoutError:
         raise InvalidArgument(
             f"{what}: the file operation did not finish within {FILE_OP_DEADLINE:g} s",

@@ -8,15 +8,17 @@ symlink, never blocking on a FIFO put in a segment's place, always a regular fil
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import errno
+import functools
 import os
 import shutil
 import stat
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from sandboxkit.daemon.off_loop import on_executor
 
 __all__ = [
     "READERS",
@@ -60,13 +62,16 @@ def remove(directory: Path, size: int) -> None:
     if size <= _REMOVE_IN_THREAD:
         shutil.rmtree(directory, ignore_errors=True)
     else:
-        _REMOVER.submit(shutil.rmtree, directory, True)
+        try:
+            _REMOVER.submit(shutil.rmtree, directory, True)
+        except RuntimeError:  # the interpreter is exiting (sandboxkit/daemon/off_loop.py)
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 async def remove_tree(directory: str | os.PathLike[str]) -> None:
     """Delete ``directory`` and what is in it, off the event loop, after the large stores
     closed before (a sandbox's runtime directory, once its logs are closed)."""
-    await asyncio.wrap_future(_REMOVER.submit(shutil.rmtree, directory, True))
+    await on_executor(_REMOVER, functools.partial(shutil.rmtree, directory, True))
 
 
 _SAFE = getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK

@@ -218,7 +218,7 @@ class DaemonServer:
 
     async def serve(self) -> None:
         """Serve on the running loop until asked to stop."""
-        # The threads the daemon's blocking work runs in (asyncio.to_thread) say whose
+        # The threads the daemon's blocking work runs in (off_loop) say whose
         # they are: an in-process daemon's beside its host's own (shut down with the loop).
         asyncio.get_running_loop().set_default_executor(
             ThreadPoolExecutor(thread_name_prefix=WORKER_THREADS)

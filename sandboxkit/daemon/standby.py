@@ -60,6 +60,7 @@ from subprocess import Popen
 from typing import Any, Final, Protocol, TypeVar
 
 from sandboxkit.daemon.freezer import MARK_VAR, Freezer
+from sandboxkit.daemon.off_loop import off_loop
 from sandboxkit.daemon.process_spec import Launch
 from sandboxkit.daemon.spawn import Child, start
 
@@ -320,7 +321,7 @@ class StandbySlot:
                 with contextlib.closing(prepared):
                     # In a thread: the spawn (vfork + exec) is off the loop, which is
                     # serving the command that took the last standby.
-                    popen, pipes = await asyncio.to_thread(self._spawn_when_quiet, prepared)
+                    popen, pipes = await off_loop(self._spawn_when_quiet, prepared)
             except Exception as exc:  # told to whoever waits for it, no one else
                 made.set_exception(exc)
                 return
@@ -329,9 +330,7 @@ class StandbySlot:
             made.set_result(standby)
             failed: BaseException = RuntimeError("the sandbox's freezer is closed")
             try:
-                await asyncio.to_thread(
-                    self._freezer.add, popen.pid, launch, contained=self._contained
-                )
+                await off_loop(self._freezer.add, popen.pid, launch, contained=self._contained)
                 registered.set_result(None)
             except Exception as exc:
                 failed = exc
@@ -358,7 +357,7 @@ class StandbySlot:
         if not self._freezer.closed:
             self._freezer.signal_launch(standby.launch, signal.SIGKILL)
         standby.child.close()
-        reaping = self._own(asyncio.to_thread(standby.child.wait))
+        reaping = self._own(off_loop(standby.child.wait))
         self._reaping.add(reaping)
         reaping.add_done_callback(self._reaping.discard)
 

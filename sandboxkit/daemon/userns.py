@@ -34,6 +34,7 @@ import subprocess
 from pathlib import Path
 
 from sandboxkit.daemon.isolation import SANDBOX_HOST_UID, USER_UID, probe
+from sandboxkit.daemon.off_loop import off_loop
 from sandboxkit.daemon.seccomp import keyring_filter
 
 __all__ = ["DaemonUserns", "make_userns"]
@@ -96,7 +97,7 @@ class DaemonUserns:
         """Its descriptor, or None where it cannot be had (then launches keep
         ``setpriv``)."""
         if self._asked is None:
-            self._asked = asyncio.get_running_loop().create_task(asyncio.to_thread(_made))
+            self._asked = asyncio.get_running_loop().create_task(off_loop(_made))
         return await asyncio.shield(self._asked)
 
     async def close(self) -> None:

@@ -27,6 +27,7 @@ from sandboxkit.daemon.freezer.proc import (
     read_stat,
     send_to,
 )
+from sandboxkit.daemon.off_loop import off_loop
 
 __all__ = ["DEFAULT_FREEZE_TIMEOUT", "SETTLE_AFTER", "Freezer"]
 
@@ -114,7 +115,7 @@ class Freezer(abc.ABC):
         (``run(["true"])`` +0.27 ms on 2 cores)."""
         for delay in SETTLE_AFTER:
             await asyncio.sleep(delay)  # sleep-ok: a pace; a process over by then needs nothing
-            if self._closed or not running() or await asyncio.to_thread(self.settle, launch):
+            if self._closed or not running() or await off_loop(self.settle, launch):
                 return
 
     @abc.abstractmethod
