@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import psutil
@@ -25,10 +27,11 @@ from sandboxkit.daemon.isolation import ISOLATION_ENV
 # README's snippets run with the shipped default (tests/test_readme.py).
 os.environ.setdefault(ISOLATION_ENV, "none")
 
-from support import fast_config
+from support import fast_config, root_unlocked
 
 from sandboxkit.daemon.config import DaemonConfig
 from sandboxkit.daemon.host import Host
+from sandboxkit.daemon.recovery import ROOT_PREFIX
 from sandboxkit.daemon.server import DaemonServer
 from sandboxkit.daemon.standby import SCRIPT as STANDBY_SCRIPT
 
@@ -170,11 +173,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(pytest.mark.xdist_group(group))
 
 
+_ROOTS_BEFORE: set[Path] = set()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _ROOTS_BEFORE.update(Path(tempfile.gettempdir()).glob(f"{ROOT_PREFIX}*"))
+
+
+@pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Close widgets still alive, before interpreter teardown makes ipywidgets' own
-    ``__del__`` fail noisily."""
+    ``__del__`` fail noisily. In the process that ran the workers (pytest-xdist's, after
+    they exited): fail the run if a daemon of it left its root in the run's ``TMPDIR``
+    (a root not there at the start whose lock nobody holds: one stopped at interpreter
+    exit did, and one made and never started, once its process ended)."""
     import sys
 
     widgets = sys.modules.get("ipywidgets")
     if widgets is not None:
         widgets.Widget.close_all()
+    if hasattr(session.config, "workerinput"):
+        return  # a worker: its own in-process daemons' locks are still held here
+    tmp = Path(tempfile.gettempdir())
+    new = set(tmp.glob(f"{ROOT_PREFIX}*")) - _ROOTS_BEFORE
+    left = sorted(p.name for p in new if root_unlocked(p))
+    if left:
+        print(f"\nFAILED: daemons of the run left their roots in {tmp}: {left}", file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -5,15 +5,18 @@ daemon settings the suite runs with, and a child process's environment."""
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import inspect
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from sandboxkit.daemon.config import DaemonConfig
 from sandboxkit.daemon.isolation import ISOLATION_ENV
 from sandboxkit.daemon.process import ManagedProcess
+from sandboxkit.daemon.recovery import LOCK_FILE
 
 # The one poll interval: short, since every poll has a deadline and most end at once.
 INTERVAL = 0.01
@@ -158,3 +161,19 @@ class StuckSink:
 
     async def close(self) -> None:
         self._closed.set()
+
+
+def root_unlocked(root: Path) -> bool:
+    """True if ``root`` has a daemon's lock file and nobody holds the lock (the kernel
+    lets it go as the daemon dies)."""
+    try:
+        fd = os.open(root / LOCK_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return True

@@ -27,10 +27,11 @@ import httpx
 import psutil
 import pytest
 from freezer_support import alive, cli_env
-from support import wait_until
+from support import root_unlocked, wait_until
 
 from sandboxkit.daemon.freezer import cgroup_v2_available
 from sandboxkit.daemon.freezer.cgroupfs import cgroup2_mount, cgroup_base
+from sandboxkit.daemon.recovery import LOCK_FILE
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="unshare --pid needs root"),
@@ -211,7 +212,8 @@ def test_a_sigkilled_daemon_is_reclaimed_by_a_successor_in_another_namespace(
         dead_cgroup = _daemon_cgroup_of(_marked(marker_dead)[0], cgroup)
         live_cgroup = _daemon_cgroup_of(_marked(marker_live)[0], cgroup)
         os.kill(dead.daemon_pid(), signal.SIGKILL)
-        wait_until(lambda: not (dead_root / ".sandboxkit-lock").exists() or _unlocked(dead_root))
+        lock = dead_root / LOCK_FILE
+        wait_until(lambda: not lock.exists() or root_unlocked(dead_root))
         successor = _start(tmp_path, world, "successor")
         assert not dead_root.exists(), "the dead daemon's root was not reclaimed"
         assert live_root.is_dir()
@@ -242,23 +244,6 @@ def _daemon_cgroup_of(pid: int, parent: Path | None) -> Path | None:
     while path.parent != parent:
         path = path.parent
     return path
-
-
-def _unlocked(root: Path) -> bool:
-    """True once nobody holds ``root``'s lock (the kernel lets it go as the daemon dies)."""
-    import fcntl
-
-    try:
-        fd = os.open(root / ".sandboxkit-lock", os.O_RDWR)
-    except OSError:
-        return True
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(fd)
-    return True
 
 
 # -- the root lock, without daemons --------------------------------------------------------

@@ -61,7 +61,8 @@ def test_no_auth_is_refused_on_a_reachable_address(tmp_path: Path) -> None:
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0")
     # Loopback without auth stays possible (tests, a single-user machine).
-    DaemonServer(bind="127.0.0.1", token=None)._sock.close()
+    with DaemonServer(bind="127.0.0.1", token=None) as open_daemon:  # stopped: no root left
+        assert open_daemon.token is None
     # The CLI refuses before binding anything, and says how to insist.
     state = tmp_path / "daemon.json"
     argv = ["serve", "--host", "0.0.0.0", "--no-auth", "--state-file", str(state)]
