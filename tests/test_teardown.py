@@ -480,6 +480,27 @@ def test_a_stop_wakes_the_server_instead_of_waiting_on_uvicorns_sleeps(
         sandbox.close()
 
 
+async def test_a_stop_ends_a_long_poll_of_events_instead_of_waiting_for_it() -> None:
+    """A view's long poll of ``GET /events`` waits for the next event (up to 25 s): a stop
+    with no sandbox left to kill recorded none, so uvicorn's graceful shutdown waited the
+    poll out (2 s of every stop after a dashboard in the suite). Here the grace is a
+    minute: the stop must still finish, the poll answered."""
+    server = await asyncio.to_thread(DaemonServer(fast_config(shutdown_drain=60)).start)
+    journal = server.host.journal
+    try:
+        async with httpx.AsyncClient(
+            base_url=server.url, headers={"Authorization": f"Bearer {server.token}"}
+        ) as http:
+            query = {"since": journal.next_seq, "wait": 20}
+            poll = asyncio.create_task(http.get("/events", params=query, timeout=30))
+            await _poll(lambda: journal.waiting == 1, what="the long poll waiting")
+            await asyncio.to_thread(server.stop, timeout=10)  # raises if it still serves
+            answer = await poll
+            assert answer.status_code == 200 and answer.json() == [], answer.text
+    finally:
+        await asyncio.to_thread(server.stop)
+
+
 # -- at interpreter exit -------------------------------------------------------------------
 
 _LEFT_AT_EXIT = """\

@@ -241,6 +241,7 @@ async def test_the_dashboard_follows_pause_resume_and_kill_by_others_within_1s(
         assert dash.status.value == f"sandbox {sbx.sandbox_id} resumed", dash.status.value
         await other.kill()
         await title_says("killed")
+        await other.close()
     finally:
         await dash.aclose()
 

@@ -39,6 +39,19 @@ class EventJournal:
         # wakes its sandbox's followers and the whole journal's, no one else: with a view
         # per sandbox, waking every follower made each event cost (followers x journal).
         self._waiters: dict[str | None, dict[asyncio.Future[None], None]] = {}
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        """True once the daemon stops: a long poll no longer waits."""
+        return self._closed
+
+    def close(self) -> None:
+        """The daemon stops: every long poll answers now (with what it has: maybe nothing),
+        rather than hold the stop until its ``wait`` is up."""
+        self._closed = True
+        for key in list(self._waiters):
+            self._wake(key)
 
     @property
     def waiting(self) -> int:
@@ -88,6 +101,8 @@ class EventJournal:
         """Return when the next event is recorded (of ``sandbox_id``, if given), or after
         ``timeout`` seconds (a long poll: a view hears of a lifecycle change at once, not
         at its next poll)."""
+        if self._closed:
+            return
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.setdefault(sandbox_id, {})[waiter] = None
         try:

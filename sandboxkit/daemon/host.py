@@ -144,6 +144,7 @@ class Host:
         if self.closing:
             return
         self.closing = True
+        self.journal.close()  # long polls answer now: they would hold the stop
         self.quiet.close()
         if self._housekeeper is not None:
             self._housekeeper.cancel()

@@ -250,7 +250,7 @@ class Api:
         journal = self.host.journal
         events = journal.since(query.since, sandbox_id=sandbox_id, pid=query.pid)
         deadline = time.monotonic() + min(query.wait, self.host.config.events_wait_max)
-        while not events and (left := deadline - time.monotonic()) > 0:
+        while not events and not journal.closed and (left := deadline - time.monotonic()) > 0:
             await journal.wait(left, sandbox_id=sandbox_id)
             events = journal.since(query.since, sandbox_id=sandbox_id, pid=query.pid)
         return JsonArrayResponse(events, Event.to_json)
