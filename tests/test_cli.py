@@ -378,6 +378,7 @@ def test_serve_defaults_are_the_daemon_configs(monkeypatch: pytest.MonkeyPatch) 
     assert (serve.result_ttl, serve.stall_timeout) == (12.5, 0.75)
 
 
+@pytest.mark.slow  # many CLI runs, each a fresh interpreter: seconds
 @pytest.mark.timeout(90)
 def test_ps_logs_kill_and_status_from_a_terminal(served: Served) -> None:
     state = served.wait_ready()

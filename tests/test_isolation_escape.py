@@ -237,6 +237,7 @@ def test_filling_the_disk_stops_at_the_disk_limit(daemon: Served, scene: Scene) 
         still_serving(scene)
 
 
+@pytest.mark.slow  # `find /` walks the system directories bound in: seconds
 def test_log_segments_are_not_visible_from_inside(scene: Scene) -> None:
     scene.run("seq 1 100000")  # a log with segment files behind it
     root = Path(scene.attacker.get_info().workdir or "/nonexistent").parent

@@ -77,6 +77,7 @@ print("OK")
 """
 
 
+@pytest.mark.slow  # an interpreter of its own that imports the widgets: seconds
 @pytest.mark.timeout(90)
 def test_sync_async_and_widgets_work_under_nest_asyncio(conn: dict[str, str]) -> None:
     env = child_env()
