@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from sandboxkit.daemon.config import DaemonConfig
+from sandboxkit.daemon.freezer.cgroupfs import cgroup2_mount
 from sandboxkit.daemon.isolation import ISOLATION_ENV
 from sandboxkit.daemon.process import ManagedProcess
 from sandboxkit.daemon.recovery import LOCK_FILE
@@ -177,3 +178,20 @@ def root_unlocked(root: Path) -> bool:
     finally:
         os.close(fd)
     return True
+
+
+def daemon_cgroups(proc_cgroup: str, *, v2: bool = True) -> list[Path]:
+    """The cgroups a daemon made that a ``/proc/<pid>/cgroup`` names: its cgroup v2 one
+    (unless not ``v2``) and, on a hybrid host, its v1 limit ones (``memory``, ``pids``,
+    ``cpu``; sandboxkit/daemon/limits.py)."""
+    mount = cgroup2_mount()
+    found = []
+    for line in proc_cgroup.splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "/sandboxkit-" not in path:
+            continue
+        if v2 and not controllers and mount is not None:
+            found.append(mount / path.lstrip("/"))
+        for controller in sorted({"memory", "pids", "cpu"} & set(controllers.split(","))):
+            found.append(Path("/sys/fs/cgroup", controller) / path.lstrip("/"))
+    return found

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 import pytest
-from support import fast_config, poll
+from support import daemon_cgroups, fast_config, poll
 
 from sandboxkit.daemon.host import Host
 from sandboxkit.daemon.process import ProcessSpec
@@ -18,17 +18,6 @@ from sandboxkit.daemon.sandbox import ManagedSandbox
 from sandboxkit.limits import Limits
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="v1 limit cgroups are a root daemon's")
-
-
-def _v1_dirs(pid: int) -> list[Path]:
-    """The v1 ``memory``/``pids`` cgroups ``pid`` is in that a daemon made."""
-    found = []
-    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        for controller in ("memory", "pids"):
-            if controller in controllers.split(",") and "/sandboxkit-" in path:
-                found.append(Path("/sys/fs/cgroup", controller) / path.lstrip("/"))
-    return found
 
 
 async def _limited_process(host: Host) -> tuple[ManagedSandbox, list[Path]]:
@@ -39,7 +28,8 @@ async def _limited_process(host: Host) -> tuple[ManagedSandbox, list[Path]]:
     if "cgroup-v1" not in enforced.values():
         pytest.skip(f"no v1 limit cgroups here: {enforced}")
     process = await sandbox.start_process(ProcessSpec(cmd="exec sleep 60"))
-    return sandbox, await poll(lambda: _v1_dirs(process.pid))
+    cgroup = Path(f"/proc/{process.pid}/cgroup")
+    return sandbox, await poll(lambda: daemon_cgroups(cgroup.read_text(), v2=False))
 
 
 async def test_the_v1_cgroups_of_a_sandbox_that_ran_out_of_memory_go_with_it() -> None:

@@ -15,7 +15,7 @@ import httpx
 import psutil
 import pytest
 from freezer_support import alive, served
-from support import fast_config, wait_until
+from support import daemon_cgroups, fast_config, wait_until
 
 from sandboxkit.daemon.freezer import cgroup_v2_available, daemon_cgroup
 from sandboxkit.daemon.freezer.cgroupfs import cgroup_base, cgroup_pids
@@ -125,18 +125,6 @@ def _argv0(pid: int) -> str:
         return ""
 
 
-def _v1_limit_dirs(pid: int) -> list[Path]:
-    """The v1 ``pids``/``memory``/``cpu`` cgroups ``pid`` is in that a daemon made (its
-    sandbox's, below the daemon's own)."""
-    found = []
-    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        for controller in ("pids", "memory", "cpu"):
-            if controller in controllers.split(",") and "/sandboxkit-" in path:
-                found.append(Path("/sys/fs/cgroup", controller) / path.lstrip("/"))
-    return found
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.skipif(os.geteuid() != 0, reason="v1 limit cgroups are a root daemon's")
@@ -158,7 +146,7 @@ def test_next_daemon_removes_a_sigkilled_daemons_v1_limit_cgroups(tmp_path: Path
                 (sleeper,) = wait_until(
                     lambda: [p for p in _marked(marker) if _argv0(p) == "sleep"], what="the sleep"
                 )
-            dirs = _v1_limit_dirs(sleeper)
+            dirs = daemon_cgroups(Path(f"/proc/{sleeper}/cgroup").read_text(), v2=False)
             assert dirs and all(d.is_dir() for d in dirs)
             dead.proc.send_signal(signal.SIGKILL)
             dead.proc.wait(10)
