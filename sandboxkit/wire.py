@@ -72,6 +72,12 @@ class Frame:
         return error_from_wire(self.meta)
 
 
+_META_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+"""What ``json.dumps`` with these options makes, without building an encoder per frame
+(a third of a small frame's encoding). ``allow_nan=False``: a frame carries only what any
+JSON parser (and the decoder) takes."""
+
+
 def encode_frame(
     kind: FrameKind, meta: dict[str, Any] | None = None, payload: bytes = b""
 ) -> bytes:
@@ -83,8 +89,7 @@ def encode_frame_head(kind: FrameKind, meta: dict[str, Any] | None, payload_size
     """The bytes of a frame before its payload (header and metadata): a frame is this
     followed by the ``payload_size`` payload bytes, so a sender can write the payload
     without copying it into one buffer with the head."""
-    # allow_nan=False: a frame carries only what any JSON parser (and the decoder) takes.
-    meta_bytes = json.dumps(meta or {}, separators=(",", ":"), allow_nan=False).encode()
+    meta_bytes = _META_ENCODER.encode(meta or {}).encode()
     if len(meta_bytes) > MAX_META or payload_size > MAX_PAYLOAD:
         raise ValueError("frame too large")
     return _HEADER.pack(kind, len(meta_bytes), payload_size) + meta_bytes

@@ -316,9 +316,25 @@ async def test_a_waiting_stream_reads_all_the_buffer_has_room_for_a_busy_one_a_b
     # stalled reader still shows as behind at the daemon.
     reader = raw_stream._Reader()
     reader._body = ChunkedBody()
+    reader._buffer.space()
+    reader._buffer.received(60_000)  # a first read that filled it: the usual buffer next
     assert len(reader.get_buffer(-1)) == raw_stream._BUFFER
     reader._waiter = asyncio.get_running_loop().create_future()  # as _wait() sets it
     assert len(reader.get_buffer(-1)) == len(reader._buffer.space()) == READ_SIZE
+
+
+def test_a_short_stream_never_takes_the_usual_buffer() -> None:
+    # A run of a short command is a few hundred bytes: a new 1 MiB buffer for each (1 MiB
+    # zeroed, then paged in) was a tenth of the client's CPU per run(["true"]). The first
+    # buffer is small; a read that leaves it short of room grows it to the usual size.
+    buffer = FrameBuffer()
+    frames = [encode_frame(FrameKind.START, {"pid": 7}), encode_frame(FrameKind.END, {"code": 0})]
+    encoded = _chunked(frames, [], [])
+    got = _read_through(buffer, [encoded[:30], encoded[30:]], release=True)
+    assert [f.kind for f in got] == [FrameKind.START, FrameKind.END]
+    assert len(buffer.raw) < READ_SIZE // 8
+    _read_through(buffer, [_chunked([encode_frame(FrameKind.DATA, {}, b"x" * 100_000)], [], [])])
+    assert len(buffer.raw) == READ_SIZE
 
 
 class _Socket:

@@ -52,7 +52,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
-from sandboxkit.daemon.freezer.proc import Ident, exit_status, read_stat
+from sandboxkit.daemon.freezer.proc import ProcStat, exit_status, pidfd_pid, read_stat
 from sandboxkit.daemon.process_io import Owner
 from sandboxkit.daemon.spawn import Child, Pipes
 from sandboxkit.errors import ResourceExhausted
@@ -80,7 +80,6 @@ MAX_REQUEST: Final = 256 * 1024
 way."""
 
 _HEAD: Final = struct.Struct("=4I")
-_PIDFD_LINK: Final = "anon_inode:[pidfd]"
 _MFD_EXEC: Final = 0x0010  # memfd_create's MFD_EXEC (Linux 6.3); refused as EINVAL before
 _READS_PER_WAKE: Final = 64
 _TICK: Final = 0.5
@@ -140,10 +139,12 @@ class Remote:
     nothing within :data:`REPORT_WITHIN` (stopped, or gone, by the sandbox's own code),
     its wait status read off the zombie (``/proc/<pid>/stat``), else -1 (unknown)."""
 
-    def __init__(self, ident: Ident, pidfd: int) -> None:
-        self.pid = ident.pid
+    def __init__(self, stat: ProcStat, pidfd: int) -> None:
+        self.pid = stat.pid
+        self.stat = stat
+        """What ``/proc`` said of it when the launcher reported it started."""
         self.returncode: int | None = None
-        self._ident = ident
+        self._ident = stat.ident
         self._pidfd: int | None = pidfd
         self._on_exit: Callable[[], None] | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -285,7 +286,7 @@ class Launcher:
             if self._pending.pop(ident, None) is not None and not self.broken:
                 self._abandoned.add(ident)  # answered later: killed then
             raise
-        child = Child(remote, pipes, watch=remote.watch)
+        child = Child(remote, pipes, watch=remote.watch, born=remote.stat)
         await child.join(owner)
         return child
 
@@ -344,13 +345,13 @@ class Launcher:
             else:
                 self.hello.set_result(None)
         elif kind == ord("S") and ident in self._pending and len(fds) == 1:
-            pid = _pidfd_pid(fds[0])
+            pid = pidfd_pid(fds[0])
             # Its identity even if it ended already (a zombie: not reaped before the 'A').
             stat = None if pid is None else read_stat(pid)
             if stat is None:
                 self._fail("the launcher answered without a pidfd")
                 return
-            remote = Remote(stat.ident, os.dup(fds[0]))
+            remote = Remote(stat, os.dup(fds[0]))
             self._started[ident] = remote
             # Now it may reap the command: the daemon has its pid.
             self._send(ord("A"), ident)
@@ -404,12 +405,15 @@ def _request(
 ) -> tuple[int, int, bytes] | None:
     """A launch request's counts and strings, or None where it cannot be one (too long,
     or a NUL inside a string: the usual way reports that)."""
+    words = [cwd, *argv, *(f"{k}={v}" for k, v in env.items()), ""]
+    text = "\0".join(words)  # each string ends in a NUL; one inside one cannot be sent
+    if text.count("\0") != len(words) - 1:
+        return None
     try:
-        words = [cwd, *argv, *(f"{k}={v}" for k, v in env.items())]
-        body = b"".join(w.encode("utf-8", "surrogateescape") + b"\0" for w in words)
+        body = text.encode("utf-8", "surrogateescape")
     except UnicodeEncodeError:
         return None
-    if any("\0" in w for w in words) or len(body) + _HEAD.size > MAX_REQUEST:
+    if len(body) + _HEAD.size > MAX_REQUEST:
         return None
     return len(argv), len(env), body
 
@@ -421,19 +425,3 @@ def _fds(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
             usable = len(data) - len(data) % 4
             fds.extend(struct.unpack(f"{usable // 4}i", data[:usable]))
     return fds
-
-
-def _pidfd_pid(fd: int) -> int | None:
-    """The pid (in the daemon's namespace) of the process the pidfd ``fd`` refers to;
-    None if ``fd`` is no pidfd, or of no live process."""
-    try:
-        if os.readlink(f"/proc/self/fd/{fd}") != _PIDFD_LINK:
-            return None
-        with open(f"/proc/self/fdinfo/{fd}") as info:
-            for line in info:
-                if line.startswith("Pid:"):
-                    pid = int(line.split()[1])
-                    return pid if pid > 0 else None
-    except (OSError, ValueError):
-        return None
-    return None

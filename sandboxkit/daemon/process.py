@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from sandboxkit._compat import within
 from sandboxkit.daemon.config import DaemonConfig
 from sandboxkit.daemon.consumers import Consumer
 from sandboxkit.daemon.events import EventJournal
@@ -196,7 +197,7 @@ class ManagedProcess:
             self.pid = child.pid
             self._stdin.pid = self.pid
             # Born in the cgroup already: registering it moves nothing (no thread needed).
-            freezer.add(self.pid, self.launch, contained=self.isolated)
+            freezer.add(self.pid, self.launch, contained=self.isolated, born=child.born)
         return True
 
     async def _start_on(
@@ -310,8 +311,9 @@ class ManagedProcess:
         closers: list[asyncio.Future[None]] = [child.pipes_closed]
         if pty_reader is not None:
             closers.append(pty_reader.closed)
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(asyncio.gather(*closers), self.config.exit_drain)
+        if not all(closer.done() for closer in closers):  # (most often they are)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await within(asyncio.gather(*closers), self.config.exit_drain)
         code = child.returncode
         if self.isolated and code is not None and 128 < code <= 128 + 64:
             # bwrap reports a command that a signal ended as 128 + the signal, as a shell

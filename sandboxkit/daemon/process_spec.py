@@ -6,6 +6,7 @@ environment and owner mark: :func:`prepare`), which a process and a sandbox's st
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
@@ -62,6 +63,7 @@ _MAX_ARG_STRLEN = 128 * 1024
 """Linux refuses (E2BIG) any single argv or environment string this long, NUL included."""
 
 
+@functools.cache
 def _arg_max() -> int:
     try:
         return int(os.sysconf("SC_ARG_MAX"))
@@ -75,7 +77,7 @@ def check_exec_size(argv: list[str], env: dict[str, str], *, argv_field: str = "
     Checked before spawning, so a too-long command is a 422, not a failed fork."""
     total = 0
     for arg in argv:
-        size = len(arg.encode("utf-8", "surrogateescape")) + 1
+        size = _encoded_size(arg) + 1
         if size > _MAX_ARG_STRLEN:
             raise InvalidArgument(
                 f"an argument of {size} bytes is over the kernel's limit", field=argv_field
@@ -83,11 +85,7 @@ def check_exec_size(argv: list[str], env: dict[str, str], *, argv_field: str = "
         total += size + 8
     argv_total = total
     for key, value in env.items():
-        size = (
-            len(key.encode("utf-8", "surrogateescape"))
-            + len(value.encode("utf-8", "surrogateescape"))
-            + 2
-        )
+        size = _encoded_size(key) + _encoded_size(value) + 2
         if size > _MAX_ARG_STRLEN:
             raise InvalidArgument(
                 f"environment variable {key[:40]!r} is over the kernel's limit", field="envs"
@@ -100,6 +98,12 @@ def check_exec_size(argv: list[str], env: dict[str, str], *, argv_field: str = "
             f"argument list and environment are {total} bytes, over the system's limit",
             field=field,
         )
+
+
+def _encoded_size(text: str) -> int:
+    """``text``'s length in bytes as ``execve`` gets it (an ASCII string's is its length:
+    not encoded, since every command's whole environment is measured)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogateescape"))
 
 
 class Launch(NamedTuple):

@@ -37,6 +37,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+from sandboxkit.daemon.freezer.proc import ProcStat
 from sandboxkit.daemon.process_io import Output, Owner, StdinFlow
 
 __all__ = ["Child", "Pipes", "Process", "loop_file", "spawn", "start"]
@@ -69,7 +70,9 @@ class Child:
     stdout and stderr reached their end (a grandchild may hold them open after the
     process itself exited). ``stdin`` is its stdin pipe's transport (``None`` on a pty:
     the caller owns the terminal). ``watch``: how its exit is seen where it is not the
-    daemon's child (called with the callback), instead of a pidfd and ``waitpid``."""
+    daemon's child (called with the callback), instead of a pidfd and ``waitpid``.
+    ``born``: what ``/proc`` said of it at its start, where the spawner read that (a
+    sandbox's launcher, which forks it inside the sandbox)."""
 
     def __init__(
         self,
@@ -77,8 +80,10 @@ class Child:
         pipes: Pipes | None,
         *,
         watch: Callable[[Callable[[], None]], None] | None = None,
+        born: ProcStat | None = None,
     ) -> None:
         self._popen = popen
+        self.born = born
         self._pipes = pipes
         self._watch = watch
         self._loop = asyncio.get_running_loop()

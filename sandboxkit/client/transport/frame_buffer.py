@@ -20,6 +20,10 @@ READ_SIZE = 1024 * 1024
 larger reads: each costs the event loop and the stream a round of Python)."""
 _MIN_READ = 64 * 1024
 """Less room than this after an unfinished frame: it is moved to the front first."""
+_FIRST_SIZE = 64 * 1024
+"""The buffer a stream starts with, grown to its usual size once a read leaves it a quarter
+of its room or less: most streams (a ``run`` of a short command) carry a few hundred
+bytes, and a new 1 MiB buffer is 1 MiB to zero."""
 
 
 class FrameBuffer:
@@ -35,7 +39,7 @@ class FrameBuffer:
     def __init__(self, size: int = READ_SIZE) -> None:
         self._size = size
         self._min_read = min(_MIN_READ, size // 4)
-        self._raw = bytearray(size)
+        self._raw = bytearray(min(size, _FIRST_SIZE))
         self._view = memoryview(self._raw)
         self._end = 0
         self._start = 0
@@ -58,9 +62,10 @@ class FrameBuffer:
     def space(self) -> memoryview:
         """Where the next read goes: after the unfinished frame, with room for it."""
         size = len(self._raw)
-        if self._start + self._need > size or size - self._end < self._min_read:
-            if self._held or self._need > size:
-                # Borrowed bytes stay put: the unfinished frame goes to a new buffer.
+        if self._start + self._need > size or size - self._end < min(self._min_read, size // 4):
+            if self._held or self._need > size or size < self._size:
+                # Borrowed bytes stay put: the unfinished frame goes to a new buffer
+                # (of the usual size at least: the first grows once it runs short).
                 self._renew(max(self._need, self._size))
             elif self._start:
                 self._move_front()
@@ -128,11 +133,11 @@ class FrameBuffer:
 
     def _rewind(self) -> None:
         """With nothing unfinished and nothing borrowed, the next read starts at the
-        front (of a buffer of the usual size)."""
+        front (of a buffer no larger than usual)."""
         if self._held or self._start != self._fend:
             return
         self._start = self._fend = self._end = 0
-        if len(self._raw) != self._size:  # back from a frame larger than usual
+        if len(self._raw) > self._size:  # back from a frame larger than usual
             self._renew(self._size)
 
     def _move_front(self) -> None:

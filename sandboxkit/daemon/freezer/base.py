@@ -91,14 +91,24 @@ class Freezer(abc.ABC):
         finally:
             self._launching.discard(launch)
 
-    def add(self, pid: int, launch: str | None = None, *, contained: bool = False) -> None:
+    def add(
+        self,
+        pid: int,
+        launch: str | None = None,
+        *,
+        contained: bool = False,
+        born: ProcStat | None = None,
+    ) -> None:
         """Register a newly started leader (of ``launch``, when it has one).
         ``contained``: it runs in a PID namespace of its own, whose init is its child
-        (bubblewrap's), so nothing it starts can leave the tree below it."""
+        (bubblewrap's), so nothing it starts can leave the tree below it. ``born``: it
+        was forked by a member (the sandbox's launcher), and this is what ``/proc`` said
+        of it then: a member from birth, not read again."""
         if self._closed:
             raise RuntimeError("freezer is closed")
-        self._adopt(pid, contained)
-        if launch is not None and (ident := ident_of(pid)) is not None:
+        self._adopt(pid, contained, born)
+        ident = born.ident if born is not None else ident_of(pid)
+        if launch is not None and ident is not None:
             self._launches[launch] = ident
 
     def settle(self, launch: str) -> bool:
@@ -119,7 +129,7 @@ class Freezer(abc.ABC):
                 return
 
     @abc.abstractmethod
-    def _adopt(self, pid: int, contained: bool) -> None:
+    def _adopt(self, pid: int, contained: bool, born: ProcStat | None) -> None:
         """Make ``pid`` a member (the backend's part of :meth:`add`)."""
 
     # -- membership ------------------------------------------------------------------

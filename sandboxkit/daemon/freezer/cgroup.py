@@ -125,13 +125,14 @@ class CgroupFreezer(Freezer):
             return False
         return cgpath == self._cgpath or cgpath.startswith(self._cgpath + "/")
 
-    def _adopt(self, pid: int, contained: bool) -> None:
-        """Move ``pid`` into the cgroup unless the launch prefix already did.
+    def _adopt(self, pid: int, contained: bool, born: ProcStat | None) -> None:
+        """Move ``pid`` into the cgroup unless the launch prefix already did, or it was
+        ``born`` to a member (a process is born in its parent's cgroup).
 
         Only ``pid`` itself moves: children it forked before stay outside, which is why
         processes are spawned through :meth:`launch_prefix`.
         """
-        if not self._contains(pid):
+        if born is None and not self._contains(pid):
             self._move(pid, self._procs_file)
 
     def settle(self, launch: str) -> bool:

@@ -29,6 +29,7 @@ __all__ = [
     "is_stopped",
     "namespace_init",
     "pid_alive",
+    "pidfd_pid",
     "read_environ_var",
     "read_stat",
     "scan_processes",
@@ -90,6 +91,28 @@ def read_stat(pid: int | str) -> ProcStat | None:
         )
     except (IndexError, ValueError):
         return None
+
+
+_PIDFD_LINK: Final = "anon_inode:[pidfd]"
+
+
+def pidfd_pid(fd: int) -> int | None:
+    """The pid (in this process's PID namespace) of the process the pidfd ``fd`` refers
+    to; None if ``fd`` is no pidfd, or of no live process."""
+    try:
+        if os.readlink(f"/proc/self/fd/{fd}") != _PIDFD_LINK:
+            return None
+    except OSError:
+        return None
+    data = _read(f"/proc/self/fdinfo/{fd}")
+    for line in (data or b"").splitlines():
+        if line.startswith(b"Pid:"):
+            try:
+                pid = int(line.split()[1])
+            except (IndexError, ValueError):
+                return None
+            return pid if pid > 0 else None
+    return None
 
 
 def namespace_init(pid: int) -> bool:

@@ -73,7 +73,7 @@ class SignalFreezer(Freezer):
             raise RuntimeError("freezer is closed")
         return []
 
-    def _adopt(self, pid: int, contained: bool) -> None:
+    def _adopt(self, pid: int, contained: bool, born: ProcStat | None) -> None:
         """Register a leader and its session.
 
         A leader should be started with ``start_new_session=True``: one in the daemon's
@@ -82,7 +82,7 @@ class SignalFreezer(Freezer):
         """
         if pid in (0, 1, os.getpid()):
             raise ValueError(f"refusing to manage pid {pid}")
-        st = read_stat(pid)
+        st = born if born is not None else read_stat(pid)
         if st is not None and st.alive:
             self._leaders.add(st.ident)
         # Gone already: assume it led its session. A session id cannot be reused while a
