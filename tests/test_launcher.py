@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import select
 import shutil
 import signal
 import socket
@@ -23,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import ended, fast_config, is_launcher, poll
 
-from sandboxkit.daemon import isolation, launcher
+from sandboxkit.daemon import isolation, launcher, process_spec
 from sandboxkit.daemon.host import Host
 from sandboxkit.daemon.launcher import (
     PROGRAM,
@@ -105,6 +106,39 @@ def test_a_command_gets_exactly_its_argv_variables_and_cwd(
             assert cwd == str(made.workdir / "sub dir")
 
     asyncio.run(run())
+
+
+async def test_an_unisolated_command_inherits_the_daemons_environment_as_it_is_now(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The daemon keeps its environment decoded between commands (daemon/process_spec.py,
+    # daemon_environ): a variable the daemon's process sets, changes or drops later still
+    # reaches the next command as it is then, through the launcher or the usual way.
+    async def printed() -> list[str]:
+        seen = []
+        for user in (None, "root"):  # a fork of the launcher; a start the usual way
+            process = await made.start_process(
+                ProcessSpec(cmd='echo "${SBX_LATER-unset}"', user=user)
+            )
+            code, out, err = await ended(process)
+            assert code == 0, err
+            seen.append(out.decode().strip())
+        return seen
+
+    async with Host(fast_config()) as host:
+        made = await host.create_sandbox(isolation="none")
+        if made.standby is None:
+            pytest.skip("a launch here is one exec: no launcher")
+        await _launcher(made)
+        monkeypatch.delenv("SBX_LATER", raising=False)
+        assert await printed() == ["unset", "unset"]
+        monkeypatch.setenv("SBX_LATER", "one")
+        assert await printed() == ["one", "one"]
+        monkeypatch.setenv("SBX_LATER", "two")
+        assert await printed() == ["two", "two"]
+        monkeypatch.delenv("SBX_LATER")
+        assert await printed() == ["unset", "unset"]
+    assert process_spec.daemon_environ() is process_spec.daemon_environ()  # kept, unchanged
 
 
 async def test_a_command_runs_in_the_sandbox_as_the_launchers_child(
@@ -370,6 +404,36 @@ async def test_a_request_its_caller_abandoned_has_its_command_killed(fake: _Fake
         pidfd = os.pidfd_open(command.pid)
         fake.say("S", ident, command.pid, (pidfd,))
         os.close(pidfd)
+        assert await asyncio.wait_for(command.wait(), 10) == -signal.SIGKILL
+        assert await asyncio.to_thread(fake.request) == ident  # the 'A': reap it
+        fake.say("X", ident, signal.SIGKILL)
+        await poll(lambda: ident not in fake.launcher._abandoned, what="its end heard")
+        assert fake.launcher.usable
+    finally:
+        if command.returncode is None:
+            command.kill()
+            await command.wait()
+
+
+async def test_an_answer_heard_as_its_request_is_cancelled_has_its_command_killed(
+    fake: _Fake,
+) -> None:
+    # The cancellation and the launcher's answer in the same turn of the loop: the answer
+    # is read (here, at once) before the cancelled request runs its cleanup. Its command
+    # is killed and reaped as an abandoned one's, and the launcher stays usable.
+    task = await _spawn(fake)
+    ident = await asyncio.to_thread(fake.request)
+    command = await asyncio.create_subprocess_exec("sleep", "60")
+    try:
+        pidfd = os.pidfd_open(command.pid)
+        fake.say("S", ident, command.pid, (pidfd,))
+        os.close(pidfd)
+        # Not awaited: the loop must not read it first.
+        assert select.select([fake.launcher._sock], [], [], 10)[0]
+        task.cancel()
+        fake.launcher._read()  # the answer, before the request's task runs again
+        with pytest.raises(asyncio.CancelledError):
+            await task
         assert await asyncio.wait_for(command.wait(), 10) == -signal.SIGKILL
         assert await asyncio.to_thread(fake.request) == ident  # the 'A': reap it
         fake.say("X", ident, signal.SIGKILL)
