@@ -345,9 +345,12 @@ def _kernel_process(server: Any) -> psutil.Process | None:
 def _browser(state: Any, *, panels: int, rate: float, seconds: float) -> dict[str, Any]:
     from playwright.sync_api import sync_playwright
 
-    base = Path(tempfile.mkdtemp(prefix="sbx-classroom-"))
     warmup = 3.0
-    with _lab(base, _cell(state, panels, rate, seconds + warmup + 60)) as server:
+    with (
+        tempfile.TemporaryDirectory(prefix="sbx-classroom-") as made,
+        _lab(Path(made), _cell(state, panels, rate, seconds + warmup + 60)) as server,
+    ):
+        base = Path(made)
         from jupyter_harness import deadline_poll, persistent_chromium
 
         with sync_playwright() as pw:

@@ -28,7 +28,8 @@ def local_daemon(
     older checkout ignores): the workloads run this interpreter by its host path, which
     a root daemon's namespaced sandbox cannot reach. Isolation's cost is measured by
     name, in ``benchmarks/isolation.py``."""
-    state_path = Path(tempfile.mkdtemp()) / "daemon.json"
+    state_dir = tempfile.TemporaryDirectory(prefix="sbx-bench-")
+    state_path = Path(state_dir.name) / "daemon.json"
     env = {**(os.environ if env is None else env)}
     env.setdefault("SANDBOXKIT_ISOLATION", "none")
     process = subprocess.Popen(
@@ -48,6 +49,7 @@ def local_daemon(
         yield process, state
     finally:
         stop(process)
+        state_dir.cleanup()
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:

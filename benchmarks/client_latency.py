@@ -199,7 +199,8 @@ def main() -> None:
     parser.add_argument("--lines", type=int, default=300, help="lines per latency run")
     parser.add_argument("--runs", type=int, default=3, help="runs of each line figure")
     args = parser.parse_args()
-    state_path = Path(tempfile.mkdtemp()) / "daemon.json"
+    state_dir = tempfile.TemporaryDirectory(prefix="sbx-bench-")
+    state_path = Path(state_dir.name) / "daemon.json"
     daemon = subprocess.Popen(
         [sys.executable, "-m", "sandboxkit", "serve", "--state-file", str(state_path)],
         stdout=subprocess.DEVNULL,
@@ -216,6 +217,7 @@ def main() -> None:
     finally:
         daemon.terminate()
         daemon.wait(15)
+        state_dir.cleanup()
 
 
 if __name__ == "__main__":
