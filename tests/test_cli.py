@@ -120,6 +120,44 @@ def served(tmp_path: Path) -> Iterator[Served]:
 # -- 7. serve / status / stop ---------------------------------------------------------------
 
 
+_FROZEN = """
+import gc, os, signal, sys, threading, time
+from pathlib import Path
+from sandboxkit.cli import main
+from sandboxkit.statefile import read_state
+
+def report():
+    while read_state(Path(sys.argv[1])) is None:
+        time.sleep(0.02)  # sleep-ok: poll interval
+    print("frozen", gc.get_freeze_count(), flush=True)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+threading.Thread(target=report, daemon=True).start()
+main(["serve", "--state-file", sys.argv[1]])
+"""
+
+
+@pytest.mark.timeout(60)
+def test_serve_leaves_what_it_built_to_start_out_of_every_collection(tmp_path: Path) -> None:
+    # A full collection walks every object the daemon's process holds, and the daemon
+    # serves nothing meanwhile: what it imported and built to start (tens of thousands
+    # of objects, never garbage) is frozen once, so that each walks only what serving made.
+    state_path = tmp_path / "daemon.json"
+    done = subprocess.run(
+        [sys.executable, "-c", _FROZEN, str(state_path)],
+        env=_env(state_path),
+        capture_output=True,
+        text=True,
+        timeout=40,
+        stdin=subprocess.DEVNULL,
+    )
+    frozen = [
+        int(line.split()[1]) for line in done.stdout.splitlines() if line.startswith("frozen")
+    ]
+    assert frozen and frozen[0] > 10_000, done.stdout + done.stderr
+    assert read_state(state_path) is None  # stopped as by a SIGTERM: its state removed
+
+
 @pytest.mark.timeout(60)
 def test_serve_status_stop(served: Served) -> None:
     state = served.wait_ready()

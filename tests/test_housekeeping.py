@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import sys
 import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -90,6 +92,24 @@ async def test_a_tick_does_the_same_work_with_thousands_of_exited_processes_kept
 
 
 @pytest.mark.timeout(60)
+async def test_a_kept_result_holds_nothing_of_what_ran_its_process() -> None:
+    # A result is kept for its TTL (15 minutes by default), thousands of them after a
+    # notebook's loop, and every object of theirs is walked by each full collection of
+    # the daemon's heap, a pause of the whole daemon: what ran the process (its pipes'
+    # transports, their files, its futures) goes once it ended, its output stays.
+    async with Host(fast_config()) as host:
+        sandbox = await host.create_sandbox()
+        for spec in (ProcessSpec(argv=("echo", "kept")), ProcessSpec(cmd="echo kept", pty=True)):
+            process = await sandbox.start_process(spec)
+            child = weakref.ref(process._child)  # type: ignore[arg-type]
+            pipe = weakref.ref(process._stdin_pipe)  # type: ignore[arg-type]
+            assert await process.wait(10) == 0
+            gc.collect()
+            assert child() is None and pipe() is None, "what ran it is still held"
+            assert b"kept" in b"".join(bytes(c.data) for c in process.log.read(0, 100)[1])
+            assert sandbox.process(process.pid) is process and process.stdin_buffered == 0
+
+
 async def test_exited_processes_are_forgotten_each_after_its_own_ttl() -> None:
     # One exits now, one later: a look at the first must not put off the second.
     config = fast_config(result_ttl=0.6, housekeeping_interval=0.02)

@@ -324,6 +324,9 @@ class ManagedProcess:
             # The kernel's OOM killer ended a process of the sandbox as this one exited.
             self.kill_reason = self.kill_reason or "oom"
         self._close_transports()
+        # Kept for result_ttl, a result holds nothing of what ran it: every object kept is
+        # walked by each full collection, a pause of the daemon (benchmarks/gc_pause.py).
+        self._child = self._stdin_pipe = None
         self.log.finish(code if code is not None else -1)
         self.journal.record(
             "process.exited",
