@@ -39,17 +39,21 @@ def local_daemon(
         env=env,
     )
     try:
-        deadline = time.monotonic() + 20
-        state = read_state(state_path)
-        while state is None:
-            if time.monotonic() > deadline or process.poll() is not None:
-                raise RuntimeError("the daemon did not start")
-            time.sleep(0.05)
-            state = read_state(state_path)
-        yield process, state
+        yield process, started(process, state_path)
     finally:
         stop(process)
         state_dir.cleanup()
+
+
+def started(process: subprocess.Popen[bytes], state_path: Path) -> DaemonState:
+    """The state ``process`` (a starting daemon) writes to ``state_path``, once it is
+    written; RuntimeError if the daemon exits first or takes more than 20 s."""
+    deadline = time.monotonic() + 20
+    while (state := read_state(state_path)) is None:
+        if time.monotonic() > deadline or process.poll() is not None:
+            raise RuntimeError("the daemon did not start")
+        time.sleep(0.05)  # sleep-ok: polling for the daemon's state file
+    return state
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:

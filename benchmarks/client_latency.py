@@ -33,10 +33,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from _daemon import started
 from compare import BARE_REF, LINES, _free_port, running
 
 from sandboxkit import AsyncSandbox
-from sandboxkit.statefile import STATE_FILE_ENV, read_state
+from sandboxkit.statefile import STATE_FILE_ENV
 
 _CLOCK = re.compile(rb"(\d{9,}\.\d+)\n")
 """A line of the child's (its clock), found in the raw bytes of a response."""
@@ -206,11 +207,7 @@ def main() -> None:
         stdout=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 20
-        while (state := read_state(state_path)) is None:
-            if time.monotonic() > deadline or daemon.poll() is not None:
-                raise RuntimeError("the daemon did not start")
-            time.sleep(0.05)  # sleep-ok: polling for the daemon's state file
+        state = started(daemon, state_path)
         os.environ[STATE_FILE_ENV] = str(state_path)
         asyncio.run(measure(args.n, state.url, state.token or ""))
         measure_lines(state.url, state.token or "", args.lines, args.runs)

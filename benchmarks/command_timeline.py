@@ -44,8 +44,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _daemon import started
+
 from sandboxkit import AsyncSandbox
-from sandboxkit.statefile import read_state
 
 MARKS = """
 import asyncio, functools, json, os, signal, sys, time
@@ -216,11 +217,7 @@ class _daemon:
             stdout=subprocess.DEVNULL,
             env=env,
         )
-        deadline = time.monotonic() + 20
-        while (state := read_state(state_path)) is None:
-            if time.monotonic() > deadline or self._process.poll() is not None:
-                raise RuntimeError("the daemon did not start")
-            time.sleep(0.05)  # sleep-ok: polling for the daemon's state file
+        state = started(self._process, state_path)
         return state.url, state.token or "", self.marks
 
     def __exit__(self, *exc: object) -> None:

@@ -26,8 +26,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _daemon import started
+
 from sandboxkit import AsyncSandbox
-from sandboxkit.statefile import read_state
 
 HOOK = """
 import gc, json, os, signal, sys, time
@@ -76,12 +77,8 @@ def measure(cwd: Path | None, total: int, step: int) -> list[dict[str, Any]]:
             stdout=subprocess.DEVNULL,
         )  # fmt: skip
         try:
-            deadline = time.monotonic() + 20
-            while (state := read_state(state_path)) is None:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise RuntimeError("the daemon did not start")
-                time.sleep(0.05)  # sleep-ok: polling for the daemon's state file
-            rows, seen = [], 0
+            state = started(process, state_path)
+            rows, seen = [], len(read(process, out)["pauses"])  # (those of its start: not)
             for kept in range(step, total + 1, step):
                 asyncio.run(commands(state.url, state.token or "", step))
                 report = read(process, out)

@@ -392,48 +392,32 @@ async def test_the_pid_comes_from_the_pidfd_not_the_message(fake: _Fake) -> None
     assert child.returncode == 3
 
 
-async def test_a_request_its_caller_abandoned_has_its_command_killed(fake: _Fake) -> None:
+@pytest.mark.parametrize("answered", ["after the cancel", "with the cancel"])
+async def test_a_request_its_caller_abandoned_has_its_command_killed(
+    fake: _Fake, answered: str
+) -> None:
+    # The request went away before the launcher answered, or in the same turn of the loop
+    # as its answer: the answer read (here, at once) before the cancelled request cleans
+    # up. Either way its command is killed and reaped, and the launcher stays usable.
     task = await _spawn(fake)
     ident = await asyncio.to_thread(fake.request)
-    task.cancel()  # the request went away before the launcher answered
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    if answered == "after the cancel":
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
     # What the launcher started meanwhile.
     command = await asyncio.create_subprocess_exec("sleep", "60")
     try:
         pidfd = os.pidfd_open(command.pid)
         fake.say("S", ident, command.pid, (pidfd,))
         os.close(pidfd)
-        assert await asyncio.wait_for(command.wait(), 10) == -signal.SIGKILL
-        assert await asyncio.to_thread(fake.request) == ident  # the 'A': reap it
-        fake.say("X", ident, signal.SIGKILL)
-        await poll(lambda: ident not in fake.launcher._abandoned, what="its end heard")
-        assert fake.launcher.usable
-    finally:
-        if command.returncode is None:
-            command.kill()
-            await command.wait()
-
-
-async def test_an_answer_heard_as_its_request_is_cancelled_has_its_command_killed(
-    fake: _Fake,
-) -> None:
-    # The cancellation and the launcher's answer in the same turn of the loop: the answer
-    # is read (here, at once) before the cancelled request runs its cleanup. Its command
-    # is killed and reaped as an abandoned one's, and the launcher stays usable.
-    task = await _spawn(fake)
-    ident = await asyncio.to_thread(fake.request)
-    command = await asyncio.create_subprocess_exec("sleep", "60")
-    try:
-        pidfd = os.pidfd_open(command.pid)
-        fake.say("S", ident, command.pid, (pidfd,))
-        os.close(pidfd)
-        # Not awaited: the loop must not read it first.
-        assert select.select([fake.launcher._sock], [], [], 10)[0]
-        task.cancel()
-        fake.launcher._read()  # the answer, before the request's task runs again
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        if answered == "with the cancel":
+            # Not awaited: the loop must not read it first.
+            assert select.select([fake.launcher._sock], [], [], 10)[0]
+            task.cancel()
+            fake.launcher._read()  # the answer, before the request's task runs again
+            with pytest.raises(asyncio.CancelledError):
+                await task
         assert await asyncio.wait_for(command.wait(), 10) == -signal.SIGKILL
         assert await asyncio.to_thread(fake.request) == ident  # the 'A': reap it
         fake.say("X", ident, signal.SIGKILL)

@@ -107,8 +107,10 @@ class Freezer(abc.ABC):
         if self._closed:
             raise RuntimeError("freezer is closed")
         self._adopt(pid, contained, born)
+        if launch is None:
+            return
         ident = born.ident if born is not None else ident_of(pid)
-        if launch is not None and ident is not None:
+        if ident is not None:
             self._launches[launch] = ident
 
     def settle(self, launch: str) -> bool:
