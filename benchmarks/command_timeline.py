@@ -42,7 +42,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 from _daemon import started
 
@@ -176,7 +175,7 @@ def sched(commands: int) -> dict[str, tuple[float, float]] | None:
                 perf.send_signal(signal.SIGINT)
                 await perf.wait()
 
-        with _daemon() as (url, token, _):
+        with MarkedDaemon() as (url, token):
             asyncio.run(both(url, token))
         script = subprocess.run(
             ["perf", "script", "-i", str(data)], capture_output=True, text=True, check=False
@@ -204,10 +203,11 @@ def sched(commands: int) -> dict[str, tuple[float, float]] | None:
     return {k: (statistics.median(a), statistics.median(b)) for k, (a, b) in spans.items()}
 
 
-class _daemon:
-    """The daemon, its marks on, its state in a directory of its own."""
+class MarkedDaemon:
+    """The daemon, its marks on, its state in a directory of its own; once it has
+    stopped, its marks are in :attr:`result`."""
 
-    def __enter__(self) -> tuple[str, str, Path]:
+    def __enter__(self) -> tuple[str, str]:
         self._dir = tempfile.TemporaryDirectory(prefix="sbx-timeline-")
         state_path = Path(self._dir.name) / "daemon.json"
         self.marks = Path(self._dir.name) / "marks.json"
@@ -218,7 +218,7 @@ class _daemon:
             env=env,
         )
         state = started(self._process, state_path)
-        return state.url, state.token or "", self.marks
+        return state.url, state.token or ""
 
     def __exit__(self, *exc: object) -> None:
         self._process.send_signal(signal.SIGTERM)
@@ -233,11 +233,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--commands", type=int, default=1000)
     args = parser.parse_args()
-    daemon = _daemon()
-    with daemon as (url, token, _):
+    daemon = MarkedDaemon()
+    with daemon as (url, token):
         calls = asyncio.run(drive(url, token, args.commands))
-    report: dict[str, Any] = {"steps_ms": steps(daemon.result, calls)}
-    for name, ms in report["steps_ms"].items():
+    for name, ms in steps(daemon.result, calls).items():
         print(f"{ms:7.3f} ms  {name}")
     processes = sched(min(args.commands, 300))
     if processes:
