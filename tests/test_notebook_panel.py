@@ -45,20 +45,22 @@ PACED = [
     sys.executable,
     "-u",
     "-c",
-    "import time\n"
+    "import sys, time\n"
     "t0 = time.monotonic()\n"
     "for i in range(2000):\n"
     "    delay = t0 + i / 1000 - time.monotonic()\n"
     "    if delay > 0:\n"
     "        time.sleep(delay)\n"
-    "    print(i, flush=True)\n",
+    "    sys.stdout.write(f'{i}\\n')\n",
 ]
-# The counter, its first 2000 lines at once: a long output without waiting for it.
+# The counter, its first 2000 lines at once: a long output without waiting for it. Each
+# line is one write (under -u, print writes the number and its newline separately), so
+# every chunk the daemon reads ends a line.
 BURST_THEN_COUNTER = [
     sys.executable,
     "-u",
     "-c",
-    "import time\nfor i in range(10**7):\n    print(i, flush=True)\n    "
+    "import sys, time\nfor i in range(10**7):\n    sys.stdout.write(f'{i}\\n')\n    "
     "time.sleep(0.002 if i >= 2000 else 0)\n",  # sleep-ok: the child process's pace
 ]
 # A "begin" line, then the counter: one "begin" per process run.
