@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 
 from sandboxkit.client.transport import raw_stream
 from sandboxkit.client.transport.frame_buffer import READ_SIZE, FrameBuffer
+from sandboxkit.client.transport.http11 import BadChunk, ChunkedBody
 from sandboxkit.client.transport.raw import RawFrameStream
-from sandboxkit.client.transport.raw_stream import BadChunk, ChunkedBody, open_raw_stream
+from sandboxkit.client.transport.raw_stream import open_raw_stream
 from sandboxkit.errors import DaemonUnavailable, MalformedFrame, SandboxkitError
 from sandboxkit.wire import Frame, FrameKind, encode_frame
 

@@ -21,8 +21,15 @@ from support import poll
 from sandboxkit import AsyncSandbox
 from sandboxkit.client.api import ApiClient
 from sandboxkit.client.transport import RawTransport, raw_unary
-from sandboxkit.client.transport.raw_unary import BadResponse, parse_head
-from sandboxkit.errors import DaemonUnavailable, MalformedFrame, SandboxkitError, SandboxNotFound
+from sandboxkit.client.transport.http11 import BadResponse, parse_head
+from sandboxkit.client.transport.raw_stream import open_raw_stream
+from sandboxkit.errors import (
+    DaemonUnavailable,
+    InvalidArgument,
+    MalformedFrame,
+    SandboxkitError,
+    SandboxNotFound,
+)
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -432,6 +439,27 @@ def test_the_head_parser_reads_framing_and_keep_alive() -> None:
     assert parse(b"HTTP/1.0 200 OK\r\ncontent-length: 1\r\n\r\n")[3] is False
     assert parse(b"HTTP/1.1 200 OK\r\n\r\n") == (200, None, False, False)  # until close
     assert parse(b"HTTP/1.1 204 No Content\r\n\r\n") == (204, 0, False, True)
+
+
+@pytest.mark.parametrize("token", ["abc\r\nX-Injected: 1", "abc\n", "a\x00b"])
+async def test_a_token_that_would_break_the_request_is_refused_before_anything_is_sent(
+    token: str,
+) -> None:
+    # Requests are written by hand (no h11 validating each field): a token pasted with
+    # its newline would otherwise end the Authorization line and start a header of its own.
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listener.setblocking(False)
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        with pytest.raises(InvalidArgument) as refused:
+            await AsyncSandbox.create(url=url, token=token)
+        assert refused.value.field == "Authorization"
+        with pytest.raises(InvalidArgument):
+            async with open_raw_stream(url, "/stream", {}, {"Authorization": token}):
+                pass
+        with pytest.raises(BlockingIOError):
+            listener.accept()  # nobody connected
 
 
 async def test_a_real_daemon_serves_a_sandbox_over_one_connection(conn: dict[str, Any]) -> None:

@@ -13,8 +13,9 @@ import httpx
 import msgspec
 
 from sandboxkit.client.transport.base import FrameStream
+from sandboxkit.client.transport.http11 import encode_query
 from sandboxkit.client.transport.raw_stream import RawStream, open_raw_stream
-from sandboxkit.client.transport.raw_unary import RawPool, encode_query
+from sandboxkit.client.transport.raw_unary import RawPool
 from sandboxkit.errors import MalformedFrame, SandboxkitError, error_from_wire
 from sandboxkit.wire import Frame
 

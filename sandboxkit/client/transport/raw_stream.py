@@ -1,6 +1,6 @@
 """A process stream read straight off its socket, below httpx's per-chunk layers (httpcore,
-anyio): the request and the response head through h11, the HTTP/1.1 parser httpx itself
-uses, then the chunked body decoded into frames as the bytes arrive.
+anyio): the request written and the response head parsed as the unary calls do
+(:mod:`.http11`), then the chunked body decoded into frames as the bytes arrive.
 
 A stream is one long response read at full rate, where every layer's cost per chunk
 counts (issue 11: the SDK consumer's CPU per GB against a bare httpx reader, and the
@@ -8,8 +8,8 @@ latency from a child's line to the callback). So the socket is read into one buf
 for the whole stream (no fresh 256 KiB object per read for the kernel to fault in), and
 the body's chunk framing is taken apart in place, each chunk's bytes going straight to
 the frame decoder: a payload byte is copied once after the kernel's copy (into its
-frame) instead of five times through h11's buffers, and a line costs no per-event h11
-machinery. Used for plain-HTTP daemons when no custom httpx transport was given;
+frame) instead of five times through h11's buffers (httpx's parser), and a line costs no
+per-event parser machinery. Used for plain-HTTP daemons when no custom httpx transport was given;
 everything else goes through httpx.
 """
 
@@ -18,20 +18,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 import socket
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, Protocol
-from urllib.parse import urlencode, urlsplit
-
-import h11
+from urllib.parse import urlsplit
 
 from sandboxkit._compat import within
 from sandboxkit.client.transport.frame_buffer import FrameBuffer
+from sandboxkit.client.transport.http11 import (
+    BadChunk,
+    BadResponse,
+    ChunkedBody,
+    Head,
+    HeadReader,
+    encode_query,
+    encode_request,
+    request_fields,
+)
 from sandboxkit.errors import DaemonUnavailable, MalformedFrame, SandboxkitError, error_from_wire
 from sandboxkit.wire import Frame, FrameKind
 
-__all__ = ["ChunkedBody", "Lender", "RawStream", "open_raw_stream"]
+__all__ = ["Lender", "RawStream", "open_raw_stream"]
 
 _BUFFER = 128 * 1024
 """While the stream is busy with frames it has (a slow callback), the reader takes at
@@ -58,15 +65,6 @@ _FINISH = 1.0
 """Seconds a stream closed after its last frame waits for the end of its body (the
 chunked terminator, sent just after), to give its connection back for reuse."""
 _ERROR_BODY = 1024 * 1024
-_LINE = 4096
-"""The longest chunk-size or trailer line accepted (the daemon's are a few bytes)."""
-_HEX = frozenset(b"0123456789abcdefABCDEF")
-_SIZE_LINE = re.compile(rb"([0-9a-fA-F]{1,16})(?:[ \t]*;[^\r\n]*)?\r\n")
-"""A whole chunk-size line; anything else goes the long way (and may be refused there)."""
-
-
-class BadChunk(Exception):
-    """The body's chunked framing is broken."""
 
 
 class Lender(Protocol):
@@ -84,94 +82,10 @@ class Lender(Protocol):
         """``conn`` is closed: forget it."""
 
 
-class ChunkedBody:
-    """The HTTP/1.1 chunked transfer coding (RFC 9112, section 7.1), decoded incrementally:
-    :meth:`feed` hands each piece of chunk data to ``out`` as a view into the bytes fed
-    (nothing copied) and raises :class:`BadChunk` on bytes that break the framing.
-    Chunk extensions and trailer fields are skipped."""
-
-    def __init__(self) -> None:
-        self._line = bytearray()  # a size or trailer line begun in earlier bytes
-        self._left = 0  # bytes of the current chunk's data still to come
-        self._crlf = 0  # bytes of the CRLF after chunk data still to come
-        self._trailers = False  # after the last chunk: trailer lines, then an empty one
-        self.done = False
-        """True once the last chunk and the trailer section were read."""
-
-    def feed(self, data: bytes | bytearray, out: Any, end: int | None = None) -> None:
-        """Decode ``data`` (up to ``end``); call ``out(view)`` for each piece of chunk
-        data in it."""
-        with memoryview(data) as view:
-            self.feed_at(data, 0, len(data) if end is None else end, lambda a, b: out(view[a:b]))
-
-    def feed_at(self, data: bytes | bytearray, pos: int, end: int, out: Any) -> None:
-        """Decode ``data[pos:end]``; call ``out(start, stop)`` with the offsets in
-        ``data`` of each piece of chunk data in it (for a reader that keeps the data
-        where it was received)."""
-        while pos < end:
-            if self.done:
-                raise BadChunk("bytes after the end of the body")
-            if self._left:
-                take = min(self._left, end - pos)
-                out(pos, pos + take)
-                pos += take
-                self._left -= take
-                if self._left:
-                    continue
-                if data[pos : pos + 2] == b"\r\n":  # the usual case: the CRLF is here
-                    pos += 2
-                else:
-                    self._crlf = 2
-                continue
-            if self._crlf:
-                if data[pos] != (13 if self._crlf == 2 else 10):
-                    raise BadChunk("chunk data not followed by CRLF")
-                pos += 1
-                self._crlf -= 1
-                continue
-            if not self._line and not self._trailers:
-                # The usual case, in one step: a whole size line (and its extensions).
-                match = _SIZE_LINE.match(data, pos, end)
-                if match is not None:
-                    self._left = int(match[1], 16)
-                    self._trailers = not self._left
-                    pos = match.end()
-                    continue
-            newline = data.find(b"\n", pos, end)
-            if newline < 0:
-                self._line += data[pos:end]
-                if len(self._line) > _LINE:
-                    raise BadChunk("chunk line too long")
-                return
-            if self._line:
-                self._line += data[pos:newline]
-                line = bytes(self._line)
-                self._line.clear()
-            else:
-                line = bytes(data[pos:newline])
-            pos = newline + 1
-            self._line_done(line)
-
-    def _line_done(self, line: bytes) -> None:
-        if len(line) > _LINE or not line.endswith(b"\r"):
-            raise BadChunk(f"bad chunk line {line[:40]!r}")
-        line = line[:-1]
-        if self._trailers:
-            if not line:
-                self.done = True
-            return  # a trailer field: not used
-        size = line.split(b";", 1)[0].strip(b" \t")
-        if not size or len(size) > 16 or not _HEX.issuperset(size):
-            raise BadChunk(f"bad chunk size {line[:40]!r}")
-        self._left = int(size, 16)
-        if not self._left:
-            self._trailers = True
-
-
 class _Reader(asyncio.BufferedProtocol):
-    """The socket's bytes, received into one buffer kept for the whole stream: to h11
-    until the response head is read, then (a chunked 200) through :class:`ChunkedBody`
-    into the frame decoder, as they arrive.
+    """The socket's bytes, received into one buffer kept for the whole stream: to a
+    :class:`~.http11.HeadReader` until the response head is read, then (a chunked 200)
+    through a :class:`~.http11.ChunkedBody` into the frame decoder, as they arrive.
 
     Not ``asyncio.StreamReader`` (nor a plain ``Protocol``): each read would be a new
     256 KiB object — fresh memory the kernel faults in page by page, the largest single
@@ -179,7 +93,6 @@ class _Reader(asyncio.BufferedProtocol):
     buffer and out again on top."""
 
     def __init__(self, lender: Lender | None = None, lent: Any = None) -> None:
-        self.conn = h11.Connection(h11.CLIENT)
         self.transport: asyncio.Transport | None = None
         self._lender = lender
         self._lent = lent
@@ -196,6 +109,9 @@ class _Reader(asyncio.BufferedProtocol):
         self._closed = False
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
+        self._heads = HeadReader()
+        self.head: Head | None = None
+        self._early = bytearray()  # body bytes read before start_frames or chunks
         # The body, once it is read as frames (see start_frames).
         self._body: ChunkedBody | None = None
         self._frames: list[Frame] = []
@@ -223,11 +139,13 @@ class _Reader(asyncio.BufferedProtocol):
         try:
             if self._body is not None:
                 self._take(nbytes)
-            else:
-                # h11 appends the bytes to its buffer: any bytes-like will do, no copy first.
-                self.conn.receive_data(self._buffer.space()[:nbytes])  # type: ignore[arg-type]
-        except RuntimeError as exc:  # h11: bytes after the end
-            self._fail(DaemonUnavailable(f"stream broke: {exc!r}"[:300]))
+            elif self.head is not None:
+                self._early += self._buffer.space()[:nbytes]
+            elif (got := self._heads.feed(self._buffer.space()[:nbytes])) is not None:
+                self.head, rest = got
+                self._early += rest
+        except BadResponse as exc:
+            self._fail(DaemonUnavailable(f"stream broke: {exc}"[:300]))
             return
         self._unread += nbytes
         if self._waiter is None:  # busy with frames: it may be falling behind
@@ -273,9 +191,7 @@ class _Reader(asyncio.BufferedProtocol):
 
     def _end(self) -> None:
         self._closed = True
-        if self._body is None:
-            self.conn.receive_data(b"")
-        elif not self._body.done:
+        if self._body is not None and not self._body.done:
             self._fail(DaemonUnavailable("stream broke: connection closed inside the body"))
         self._wake()
 
@@ -373,32 +289,59 @@ class _Reader(asyncio.BufferedProtocol):
 
     # -- the stream's side -----------------------------------------------------------
 
-    async def next_event(self) -> Any:
-        """h11's next event (before the body is read as frames), waiting for bytes."""
-        conn = self.conn
-        while True:
-            try:
-                event = conn.next_event()
-            except h11.ProtocolError as exc:
-                raise DaemonUnavailable(f"stream broke: {exc!r}"[:300]) from exc
-            if event is not h11.NEED_DATA:
-                return event
+    async def read_head(self) -> Head:
+        """The response head, waiting for its bytes."""
+        while self.head is None:
             if self._error is not None:
                 raise self._error
+            if self._closed:
+                raise DaemonUnavailable("stream broke: closed before the response head")
             await self._wait()
+        return self.head
 
     def start_frames(self) -> None:
         """Read the rest of the body (chunked) as frames: see :meth:`batches`."""
         self._body = ChunkedBody()
-        rest, closed = self.conn.trailing_data
+        rest, self._early = self._early, bytearray()
         while rest and self._error is None:  # body bytes read with the head
             space = self._buffer.space()
             size = min(len(space), len(rest))
             space[:size] = rest[:size]
-            rest = rest[size:]
+            del rest[:size]
             self._take(size)
-        if closed:
+        if self._closed:
             self._end()
+
+    async def plain_chunks(self) -> AsyncIterator[bytes]:
+        """The body's bytes as they arrive (a body not read as frames: an error's),
+        framed as its head says: a length, chunked, or to the connection's end."""
+        head = await self.read_head()
+        chunks = ChunkedBody() if head.chunked else None
+        left = head.length
+        while True:
+            data, self._early = bytes(self._early), bytearray()
+            if chunks is not None:
+                pieces: list[memoryview] = []
+                try:
+                    chunks.feed(data, pieces.append)
+                except BadChunk as exc:
+                    raise DaemonUnavailable(f"stream broke: {exc}"[:300]) from exc
+                data = b"".join(pieces)
+            elif left is not None:
+                if len(data) > left:
+                    raise DaemonUnavailable("stream broke: bytes after the end of the body")
+                left -= len(data)
+            if data:
+                yield data
+            if left == 0 or (chunks is not None and chunks.done):
+                return
+            if self._error is not None:
+                raise self._error
+            if self._closed:
+                if chunks is None and left is None:
+                    return  # a body delimited by the end of the connection
+                raise DaemonUnavailable("stream broke: connection closed inside the body")
+            await self._wait()
 
     async def batches(self, borrow: bool = False) -> AsyncGenerator[list[Frame], None]:
         """The frames each read completed; the end of the body ends it. With ``borrow``
@@ -451,17 +394,9 @@ class RawStream:
         see :meth:`_Reader.batches`)."""
         return self._reader.batches(borrow)
 
-    async def chunks(self) -> AsyncIterator[bytes]:
-        """The body's bytes as h11 reads them (a body not read as frames)."""
-        next_event = self._reader.next_event
-        while True:
-            event = await next_event()
-            if type(event) is h11.Data:
-                yield event.data  # h11 hands a bytearray: bytes-like, not copied again
-            elif type(event) is h11.EndOfMessage:
-                return
-            else:
-                raise DaemonUnavailable(f"stream broke: unexpected {event!r}"[:300])
+    def chunks(self) -> AsyncIterator[bytes]:
+        """The body's bytes (a body not read as frames)."""
+        return self._reader.plain_chunks()
 
     async def body(self) -> bytes:
         """The whole body (an error's), up to a bound."""
@@ -504,7 +439,10 @@ async def open_raw_stream(
     port = parts.port or 80
     target = parts.path.rstrip("/") + path
     if query:
-        target += "?" + urlencode(query)
+        target += "?" + encode_query(query)
+    request = encode_request(
+        "GET" if body is None else "POST", target, request_fields(parts.netloc, headers), body
+    )
     if lender is not None:
         lent = await lender.lend(_OPEN_TIMEOUT)
         reader = _Reader(lender, lent)
@@ -521,58 +459,25 @@ async def open_raw_stream(
     sock = reader.transport.get_extra_info("socket") if reader.transport else None
     if sock is not None:
         reader.size_receive_buffer(sock)
-    conn = reader.conn
     stream = RawStream(reader)
     try:
-        fields = [("Host", parts.netloc), *headers.items()]
-        if body is not None:
-            fields += [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
-        request = h11.Request(
-            method="GET" if body is None else "POST", target=target, headers=fields
-        )
         assert reader.transport is not None
-        sent = conn.send(request)
-        if body is not None:
-            sent += conn.send(h11.Data(data=body))
-        reader.transport.write(sent + conn.send(h11.EndOfMessage()))
+        reader.transport.write(request)
         try:
-            response = await within(_head(reader), _OPEN_TIMEOUT)
-        except (h11.ProtocolError, TimeoutError) as exc:
+            head = await within(reader.read_head(), _OPEN_TIMEOUT)
+        except TimeoutError as exc:
             raise DaemonUnavailable(f"stream broke: {exc!r}"[:300], url=url) from exc
-        if response.status_code != 200:
+        if head.status != 200:
             error_body = await stream.body()
             try:
                 parsed = json.loads(error_body)
             except ValueError:
                 parsed = None
-            error: SandboxkitError = error_from_wire(parsed, response.status_code)
+            error: SandboxkitError = error_from_wire(parsed, head.status)
             raise error
-        if _chunked(response):
-            reader.keep_alive = conn.their_http_version == b"1.1" and not _closes(response)
+        if head.chunked:
+            reader.keep_alive = head.keep_alive
             reader.start_frames()
         yield stream
-    except h11.ProtocolError as exc:
-        raise DaemonUnavailable(f"stream broke: {exc!r}"[:300], url=url) from exc
     finally:
         stream.close()
-
-
-def _closes(response: h11.Response) -> bool:
-    """Whether the daemon said it closes the connection after this response."""
-    return any(
-        name == b"connection" and b"close" in value.lower() for name, value in response.headers
-    )
-
-
-def _chunked(response: h11.Response) -> bool:
-    codings = [value for name, value in response.headers if name == b"transfer-encoding"]
-    return codings == [b"chunked"]
-
-
-async def _head(reader: _Reader) -> h11.Response:
-    while True:
-        event = await reader.next_event()
-        if type(event) is h11.Response:
-            return event
-        if type(event) is not h11.InformationalResponse:
-            raise DaemonUnavailable(f"stream broke: unexpected {event!r}"[:300])

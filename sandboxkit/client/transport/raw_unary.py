@@ -1,15 +1,11 @@
 """JSON requests to a plain-HTTP loopback daemon over kept-alive sockets of our own, below
 httpx: the request written in one write, the response head parsed by a small strict
-parser, the body decoded with msgspec.
+parser (:mod:`.http11`, shared with the streams of :mod:`.raw_stream`), the body decoded
+with msgspec.
 
 A unary request (pause, resume, get, run) is a few hundred bytes each way, and on
 loopback the client's own CPU is most of its latency (issue 11: ~1.1 ms per request
-in httpx, httpcore and anyio against ~0.5 ms in the daemon). h11, the parser httpx
-uses, costs ~0.2 ms per request/response cycle on its own (it validates every header
-with regexes and runs a state machine per event); a response from the daemon is a status
-line, a few headers and a Content-Length (or chunked) body, which :func:`parse_head`
-takes apart in a few microseconds and refuses when it is anything else. Streams are
-read below httpx too (see raw_stream, whose chunked decoder this module reuses).
+in httpx, httpcore and anyio against ~0.5 ms in the daemon).
 
 Connections are reused (LIFO, at most :data:`MAX_IDLE` idle, each for at most
 :data:`MAX_IDLE_AGE` seconds idle, short of the daemon's keep-alive timeout). One that the
@@ -29,18 +25,24 @@ merely slow to answer, e.g. one waiting on a kill grace, runs on).
 from __future__ import annotations
 
 import asyncio
-import re
 import select
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import urlsplit
 
 from sandboxkit._compat import within
-from sandboxkit.client.transport.raw_stream import BadChunk, ChunkedBody
+from sandboxkit.client.transport.http11 import (
+    BadChunk,
+    BadResponse,
+    ChunkedBody,
+    Head,
+    HeadReader,
+    encode_request,
+    request_fields,
+)
 from sandboxkit.errors import DaemonUnavailable
 
-__all__ = ["BadResponse", "RawPool", "RawResponse", "encode_query", "parse_head"]
+__all__ = ["RawPool", "RawResponse"]
 
 PROBE_AFTER = 2.0
 """Seconds without a whole response after which a request checks the daemon is alive."""
@@ -52,28 +54,7 @@ MAX_IDLE_AGE = 4.0
 """Seconds an idle connection is reused for at most. The daemon closes a connection idle
 for its keep-alive timeout (5 s by default); a request written to it just as that happens
 is lost, and one that is not idempotent (a start) cannot be sent again."""
-_MAX_HEAD = 64 * 1024
-"""The largest response head accepted (the daemon's are ~150 bytes)."""
 _IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
-_WITH_BODY = frozenset({"POST", "PUT", "PATCH"})
-_STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([1-5][0-9][0-9])(?: [^\r\n]*)?\r\n")
-_FIELD = re.compile(rb"([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*([^\r\n]*?)[ \t]*\r\n")
-_DIGITS = re.compile(rb"[0-9]{1,18}")
-
-
-class BadResponse(Exception):
-    """The bytes received are not an HTTP/1.1 response this client accepts."""
-
-
-@dataclass(frozen=True)
-class Head:
-    """A parsed response head."""
-
-    status: int
-    size: int  # of the head, in bytes
-    length: int | None  # Content-Length; None: chunked, or (if not chunked) until close
-    chunked: bool
-    keep_alive: bool
 
 
 @dataclass(frozen=True)
@@ -82,56 +63,6 @@ class RawResponse:
 
     status: int
     body: bytes
-
-
-def parse_head(data: bytes | bytearray, end: int) -> Head:
-    """Parse the response head in ``data[:end]`` (``end`` is just past its blank line).
-    Strict: one status line, ``name: value`` fields (no folding, no bare LF), at most
-    one framing (a valid Content-Length, or ``Transfer-Encoding: chunked``)."""
-    match = _STATUS_LINE.match(data, 0, end)
-    if match is None:
-        raise BadResponse(f"bad status line {bytes(data[:40])!r}")
-    minor, status = match[1], int(match[2])
-    pos = match.end()
-    length: int | None = None
-    chunked = False
-    close = minor == b"0"
-    while pos < end - 2:
-        field = _FIELD.match(data, pos, end)
-        if field is None:
-            raise BadResponse(f"bad header line {bytes(data[pos : pos + 40])!r}")
-        pos = field.end()
-        name = field[1].lower()
-        if name == b"content-length":
-            value = field[2]
-            if _DIGITS.fullmatch(value) is None or (length is not None and length != int(value)):
-                raise BadResponse(f"bad Content-Length {bytes(value[:40])!r}")
-            length = int(value)
-        elif name == b"transfer-encoding":
-            if field[2].lower() != b"chunked" or chunked:
-                raise BadResponse(f"unsupported Transfer-Encoding {bytes(field[2][:40])!r}")
-            chunked = True
-        elif name == b"connection":
-            tokens = {t.strip().lower() for t in field[2].split(b",")}
-            close = b"close" in tokens or (close and b"keep-alive" not in tokens)
-    if pos != end - 2 or data[pos:end] != b"\r\n":
-        raise BadResponse("bad end of head")
-    if chunked and length is not None:
-        raise BadResponse("both Content-Length and Transfer-Encoding")
-    if status in (204, 304):
-        length, chunked = 0, False
-    keep_alive = not close and (chunked or length is not None)
-    return Head(status, end, length, chunked, keep_alive)
-
-
-def encode_query(params: Mapping[str, Any]) -> str:
-    """``params`` as a query string, values as httpx writes them (``true``/``false``)."""
-    parts = []
-    for key, value in params.items():
-        if value is True or value is False:
-            value = "true" if value else "false"
-        parts.append(f"{quote(str(key), safe='')}={quote(str(value), safe='')}")
-    return "&".join(parts)
 
 
 class _Dropped(Exception):
@@ -153,12 +84,11 @@ class _Connection(asyncio.Protocol):
         self.reusable = False
         self.idle_since = 0.0
         """The event loop's time when it last went back to the pool."""
-        self._buffer = bytearray()
         self._waiter: asyncio.Future[RawResponse] | None = None
+        self._heads = HeadReader()
         self._head: Head | None = None
         self._chunks: ChunkedBody | None = None
         self._body = bytearray()
-        self._scanned = 0  # bytes of _buffer searched for the end of the head
         self._timer: asyncio.TimerHandle | None = None
 
     # -- the event loop's side -------------------------------------------------------
@@ -202,10 +132,12 @@ class _Connection(asyncio.Protocol):
         head = self._head
         if head is not None and head.length is None and not head.chunked:
             # A body delimited by the end of the connection: this is its end.
-            waiter.set_result(RawResponse(head.status, bytes(self._buffer[head.size :])))
+            waiter.set_result(RawResponse(head.status, bytes(self._body)))
             return
         error: Exception = (
-            _Dropped() if not self._buffer and head is None else BadResponse("closed mid-response")
+            _Dropped()
+            if head is None and not self._heads.started
+            else BadResponse("closed mid-response")
         )
         error.__cause__ = exc
         waiter.set_exception(error)
@@ -213,30 +145,14 @@ class _Connection(asyncio.Protocol):
     def _take(self, data: bytes) -> RawResponse | None:
         head = self._head
         if head is None:
-            buffer = self._buffer
-            buffer += data
-            end = buffer.find(b"\r\n\r\n", max(0, self._scanned - 3))
-            if end < 0:
-                self._scanned = len(buffer)
-                if len(buffer) > _MAX_HEAD:
-                    raise BadResponse("response head too long")
+            got = self._heads.feed(data)
+            if got is None:
                 return None
-            head = parse_head(buffer, end + 4)
-            if 100 <= head.status < 200:
-                if head.status == 101:
-                    raise BadResponse("unexpected 101 Switching Protocols")
-                del buffer[: head.size]  # an interim response: the real one follows
-                self._scanned = 0
-                return self._take(b"") if buffer else None
+            head, data = got
             self._head = head
             self.reusable = head.keep_alive
             if head.chunked:
                 self._chunks = ChunkedBody()
-                rest = bytes(buffer[head.size :])
-                buffer.clear()
-                data = rest
-            else:
-                data = b""
         if head.chunked:
             chunks = self._chunks
             assert chunks is not None
@@ -245,16 +161,12 @@ class _Connection(asyncio.Protocol):
             if chunks.done:
                 return RawResponse(head.status, bytes(self._body))
             return None
-        if data:
-            self._buffer += data
-        if head.length is None:
-            return None  # until the connection closes
-        have = len(self._buffer) - head.size
-        if have < head.length:
-            return None
-        if have > head.length:
+        self._body += data
+        if head.length is None or len(self._body) < head.length:
+            return None  # (no length: until the connection closes)
+        if len(self._body) > head.length:
             self.reusable = False  # bytes after the response: out of step
-        return RawResponse(head.status, bytes(self._buffer[head.size : head.size + head.length]))
+        return RawResponse(head.status, bytes(self._body[: head.length]))
 
     # -- the request's side ----------------------------------------------------------
 
@@ -284,9 +196,8 @@ class _Connection(asyncio.Protocol):
         and ``False`` fails the request with :class:`_Hung`."""
         transport = self.transport
         assert transport is not None
-        self._buffer.clear()
+        self._heads = HeadReader()
         self._body.clear()
-        self._scanned = 0
         self._head = None
         self._chunks = None
         self.reusable = False  # until a response says otherwise
@@ -357,8 +268,7 @@ class RawPool:
         self._host = (parts.hostname or "127.0.0.1").strip("[]")
         self._port = parts.port or 80
         self._prefix = parts.path.rstrip("/")
-        fields = "".join(f"{k}: {v}\r\n" for k, v in {"Host": parts.netloc, **headers}.items())
-        self._fields = fields.encode("latin-1")
+        self._fields = request_fields(parts.netloc, headers)
         self._idle: list[_Connection] = []
         self._all: set[_Connection] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -367,16 +277,7 @@ class RawPool:
     def encode(self, method: str, path: str, query: str, body: bytes | None) -> bytes:
         """One request, head and body, as the bytes written."""
         target = self._prefix + path + ("?" + query if query else "")
-        head = f"{method} {target} HTTP/1.1\r\n".encode("latin-1") + self._fields
-        if body is not None:
-            return (
-                head
-                + b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
-                + body
-            )
-        if method in _WITH_BODY:
-            return head + b"Content-Length: 0\r\n\r\n"
-        return head + b"\r\n"
+        return encode_request(method, target, self._fields, body)
 
     async def request(
         self,
