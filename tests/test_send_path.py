@@ -113,6 +113,40 @@ def test_the_stream_over_http_1_0_and_1_1_is_byte_exact(daemon: DaemonServer, ve
     assert data == b"".join(bytes([65 + i % 26]) * 65536 for i in range(BLOCKS))
 
 
+def test_a_streams_head_and_start_frame_reach_the_reader_in_one_packet(
+    daemon: DaemonServer,
+) -> None:
+    """The response's head waits in the kernel for the ``start`` frame: a reader (a
+    ``run()``) wakes once for both, not once for each, while its command runs."""
+    headers = {"Authorization": f"Bearer {daemon.token}"}
+    with httpx.Client(base_url=daemon.url, headers=headers, timeout=10) as http:
+        sid = http.post("/sandboxes", json={}).json()["sandbox_id"]
+        pid = http.post(f"/sandboxes/{sid}/processes", json={"argv": ["true"]}).json()["pid"]
+        deadline = time.monotonic() + 10
+        while http.get(f"/sandboxes/{sid}/processes/{pid}").json()["state"] != "exited":
+            assert time.monotonic() < deadline, "true did not end"
+            time.sleep(0.01)  # sleep-ok: polling with a deadline
+        host, port = daemon.url.removeprefix("http://").rsplit(":", 1)
+        with socket.create_connection((host, int(port))) as sock:
+            sock.sendall(
+                f"GET /sandboxes/{sid}/processes/{pid}/stream?cursor=0 HTTP/1.1\r\n"
+                f"Host: x\r\nAuthorization: Bearer {daemon.token}\r\n\r\n".encode()
+            )
+            raw = bytearray()
+            while not raw.endswith(b"\r\n0\r\n\r\n"):  # to the body's end
+                block = sock.recv(1 << 16)
+                assert block, "the connection closed before the body's end"
+                raw += block
+            info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 160)
+        http.delete(f"/sandboxes/{sid}")
+    _, _, body = bytes(raw).partition(b"\r\n\r\n")
+    decoder = ChunkedDecoder()
+    frames = FrameDecoder().feed(decoder.feed(body))
+    assert decoder.done and [f.kind for f in frames] == [FrameKind.START, FrameKind.END]
+    # tcpi_data_segs_in (Linux 4.6+): the packets that brought bytes to this socket.
+    assert struct.unpack_from("I", info, 152)[0] <= 3, "head + start, end, the body's end"
+
+
 def test_peers_that_vanish_mid_stream_cost_no_writes_into_dead_sockets(
     daemon: DaemonServer, caplog: pytest.LogCaptureFixture
 ) -> None:

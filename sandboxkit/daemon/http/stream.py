@@ -26,6 +26,9 @@ class FrameStreamResponse(Response):
         self.consumer = consumer
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        cycle = scope.get(CYCLE) if scope.get("http_version") == "1.1" else None
+        sink = AsgiSink(send, cycle)
+        sink.hold_head()  # until the start frame follows it
         await send(
             {
                 "type": "http.response.start",
@@ -37,8 +40,6 @@ class FrameStreamResponse(Response):
                 ],
             }
         )
-        cycle = scope.get(CYCLE) if scope.get("http_version") == "1.1" else None
-        sink = AsgiSink(send, cycle)
         stream = self.host.start_stream(self.consumer, sink)
         gone = asyncio.ensure_future(_disconnected(receive))
         closed = asyncio.ensure_future(sink.closed.wait())
