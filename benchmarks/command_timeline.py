@@ -19,9 +19,10 @@ call, and the p50 of each is printed in order:
   ended``: the command's end as the daemon sees it;
 - ``client returned``.
 
-With ``perf`` (and the right to trace), the command process's own time from the
-kernel's scheduler tracepoints, beside an asyncio spawn of ``true`` in this process:
-fork to exec, exec to exit.
+With ``perf`` (and the right to trace), the command's own exec and exit are read from
+the kernel's scheduler tracepoints on the same clock (``perf record -k CLOCK_MONOTONIC``)
+and placed among the steps; and, in a second pass, beside an asyncio spawn of ``true``
+in this process: fork to exec, exec to exit of each.
 
     python3 benchmarks/command_timeline.py [--commands 1000]
 """
@@ -108,8 +109,10 @@ ORDER = [
     "launch prepared",
     "asked the launcher",
     "launcher answered",
+    "command exec",
     "pipes joined",
     "first frame sent",
+    "command exit",
     "pipes closed",
     "exit heard",
     "log finished",
@@ -119,16 +122,62 @@ ORDER = [
 ]
 
 
-async def drive(url: str, token: str, commands: int) -> list[tuple[float, float]]:
+SCHED_EVENTS = ["sched:sched_process_fork", "sched:sched_process_exec", "sched:sched_process_exit"]
+_EVENT = re.compile(r"(\S+)\s+(\d+)\s+\[\d+\]\s+([\d.]+):\s+sched:(\w+): (.*)")
+
+
+def perf_record(trace: Path, clock: str | None = None) -> list[str]:
+    """perf recording the scheduler's process events of the whole machine to ``trace``."""
+    record = ["perf", "record", *(["-k", clock] if clock else []), "-a", "-o", str(trace)]
+    for event in SCHED_EVENTS:
+        record += ["-e", event]
+    return record
+
+
+def events(trace: Path) -> list[tuple[str, str, int, float, str]]:
+    """perf's records in ``trace``: (comm, event, pid, time in s, the rest)."""
+    script = subprocess.run(
+        ["perf", "script", "-i", str(trace)], capture_output=True, text=True, check=False
+    ).stdout
+    found = (_EVENT.search(line) for line in script.splitlines())
+    return [(m[1], m[4], int(m[2]), float(m[3]), m[5]) for m in found if m is not None]
+
+
+async def drive(
+    url: str, token: str, commands: int, trace: Path | None
+) -> list[tuple[float, float]]:
+    """``commands`` calls of ``run(["true"])``, each (start, end) on the monotonic clock;
+    with a ``trace``, perf records the scheduler's process events to it meanwhile."""
     calls = []
     async with await AsyncSandbox.create(url=url, token=token) as sbx:
         for _ in range(100):  # its launcher up, the caches warm
             await sbx.commands.run(["true"])
-        for _ in range(commands):
-            start = time.perf_counter()
-            await sbx.commands.run(["true"])
-            calls.append((start, time.perf_counter()))
+        perf = None
+        if trace is not None:
+            record = perf_record(trace, clock="CLOCK_MONOTONIC")
+            perf = await asyncio.create_subprocess_exec(*record, stderr=subprocess.DEVNULL)
+            await asyncio.sleep(1)  # sleep-ok: perf's set-up, which says nothing when done
+        try:
+            for _ in range(commands):
+                start = time.perf_counter()
+                await sbx.commands.run(["true"])
+                calls.append((start, time.perf_counter()))
+        finally:
+            if perf is not None:
+                perf.send_signal(signal.SIGINT)
+                await perf.wait()
     return calls
+
+
+def command_marks(trace: Path) -> list[tuple[str, float]]:
+    """Each command's (``true``'s) exec and exit, as marks on the monotonic clock."""
+    marks = []
+    for comm, event, _pid, at, rest in events(trace):
+        if event == "sched_process_exec" and rest.split(" ", 1)[0].endswith("/true"):
+            marks.append(("command exec", at))
+        elif event == "sched_process_exit" and comm == "true":
+            marks.append(("command exit", at))
+    return marks
 
 
 def steps(marks: list[tuple[str, float]], calls: list[tuple[float, float]]) -> dict[str, float]:
@@ -156,16 +205,12 @@ def sched(commands: int) -> dict[str, tuple[float, float]] | None:
         return None
     with tempfile.TemporaryDirectory(prefix="sbx-timeline-") as tmp:
         data = Path(tmp) / "sched.data"
-        events = ["sched:sched_process_fork", "sched:sched_process_exec"]
-        events.append("sched:sched_process_exit")
-        record = ["perf", "record", "-a", "-o", str(data)]
-        for event in events:
-            record += ["-e", event]
 
         async def both(url: str, token: str) -> None:
             async with await AsyncSandbox.create(url=url, token=token) as sbx:
                 for _ in range(50):
                     await sbx.commands.run(["true"])
+                record = perf_record(data)
                 perf = await asyncio.create_subprocess_exec(*record, stderr=subprocess.DEVNULL)
                 await asyncio.sleep(1)  # sleep-ok: perf's set-up, which says nothing when done
                 for _ in range(commands):
@@ -177,29 +222,23 @@ def sched(commands: int) -> dict[str, tuple[float, float]] | None:
 
         with MarkedDaemon() as (url, token):
             asyncio.run(both(url, token))
-        script = subprocess.run(
-            ["perf", "script", "-i", str(data)], capture_output=True, text=True, check=False
-        ).stdout
+        recorded = events(data)
     forked: dict[int, tuple[str, float]] = {}
     execed: dict[int, float] = {}
     spans: dict[str, tuple[list[float], list[float]]] = {}
-    line = re.compile(r"(\S+)\s+(\d+)\s+\[\d+\]\s+([\d.]+): sched:(\w+): (.*)")
-    for found in map(line.search, script.splitlines()):
-        if found is None:
-            continue
-        comm, pid, at, event, rest = found.groups()
+    for comm, event, pid, at, rest in recorded:
         if event == "sched_process_fork":
             child_pid = int(re.findall(r"child_pid=(\d+)", rest)[0])
             parent = "this process" if comm.startswith("python") else "the launcher"
-            forked[child_pid] = (parent, float(at))
-        elif event == "sched_process_exec" and int(pid) in forked:
-            execed[int(pid)] = float(at)
-        elif event == "sched_process_exit" and int(pid) in execed:
-            parent, fork_at = forked[int(pid)]
-            exec_at = execed.pop(int(pid))
+            forked[child_pid] = (parent, at)
+        elif event == "sched_process_exec" and pid in forked:
+            execed[pid] = at
+        elif event == "sched_process_exit" and pid in execed:
+            parent, fork_at = forked[pid]
+            exec_at = execed.pop(pid)
             pair = spans.setdefault(parent, ([], []))
             pair[0].append((exec_at - fork_at) * 1e3)
-            pair[1].append((float(at) - exec_at) * 1e3)
+            pair[1].append((at - exec_at) * 1e3)
     return {k: (statistics.median(a), statistics.median(b)) for k, (a, b) in spans.items()}
 
 
@@ -234,9 +273,13 @@ def main() -> None:
     parser.add_argument("--commands", type=int, default=1000)
     args = parser.parse_args()
     daemon = MarkedDaemon()
-    with daemon as (url, token):
-        calls = asyncio.run(drive(url, token, args.commands))
-    for name, ms in steps(daemon.result, calls).items():
+    with tempfile.TemporaryDirectory(prefix="sbx-timeline-") as tmp:
+        trace = Path(tmp) / "timeline.data" if shutil.which("perf") else None
+        with daemon as (url, token):
+            calls = asyncio.run(drive(url, token, args.commands, trace))
+        marks = daemon.result + (command_marks(trace) if trace and trace.exists() else [])
+    marks.sort(key=lambda mark: mark[1])
+    for name, ms in steps(marks, calls).items():
         print(f"{ms:7.3f} ms  {name}")
     processes = sched(min(args.commands, 300))
     if processes:
