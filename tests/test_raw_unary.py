@@ -475,4 +475,19 @@ async def test_a_real_daemon_serves_a_sandbox_over_one_connection(conn: dict[str
     assert pool.connections == 0
 
 
+@pytest.mark.parametrize("sandbox_id", ["no such sandbox", "sbx-é", "a\tb"])
+async def test_a_sandbox_id_as_typed_is_a_typed_not_found_on_both_paths(
+    conn: dict[str, Any], sandbox_id: str
+) -> None:
+    # Requests are written by hand: a target with a space, a control or non-ASCII text is
+    # percent-encoded as httpx would, never sent broken (nor an encoding error raised).
+    with pytest.raises(SandboxNotFound):
+        await AsyncSandbox.connect(sandbox_id, **conn)
+    url, token = str(conn["url"]), str(conn["token"])
+    path = f"/sandboxes/{sandbox_id}/processes/1/stream"
+    with pytest.raises(SandboxNotFound):
+        async with open_raw_stream(url, path, {}, {"Authorization": f"Bearer {token}"}):
+            pass
+
+
 # -- helpers ---------------------------------------------------------------------------

@@ -42,7 +42,11 @@ _HEX = frozenset(b"0123456789abcdefABCDEF")
 _SIZE_LINE = re.compile(rb"([0-9a-fA-F]{1,16})(?:[ \t]*;[^\r\n]*)?\r\n")
 """A whole chunk-size line; anything else goes the long way (and may be refused there)."""
 _WITH_BODY = frozenset({"POST", "PUT", "PATCH"})
-_UNSAFE = re.compile(r"[\r\n\0]")
+_UNSAFE_FIELD = re.compile(r"[^\t\x20-\x7e]")
+"""What a field may not hold: a line break (it would end the field), NUL, non-ASCII."""
+_UNSAFE_TARGET = re.compile(r"[^\x21-\x7e]")
+_TARGET_SAFE = "/?&=%:@!$'()*+,;"
+"""Kept as they are when a target is percent-encoded (with letters, digits and ``_.-~``)."""
 
 
 # -- the request ---------------------------------------------------------------------
@@ -51,22 +55,25 @@ _UNSAFE = re.compile(r"[\r\n\0]")
 def request_fields(host: str, headers: Mapping[str, str]) -> bytes:
     """The ``Host`` field and ``headers``, as written after a request line. A name or
     value that would break the request's framing (a line break: a token pasted with its
-    newline) is refused, before anything is sent."""
+    newline) or is not ASCII is refused, before anything is sent."""
     fields = {"Host": host, **headers}
     for name, value in fields.items():
-        if _UNSAFE.search(name) or _UNSAFE.search(value):
+        if _UNSAFE_FIELD.search(name) or _UNSAFE_FIELD.search(value):
             raise InvalidArgument(
-                f"the {name} header would hold a line break or NUL (a token or URL with a "
-                "newline?)",
+                f"the {name} header would hold a line break, a control character or "
+                "non-ASCII text (a token or URL pasted with a newline?)",
                 field=name,
             )
-    return "".join(f"{k}: {v}\r\n" for k, v in fields.items()).encode("latin-1")
+    return "".join(f"{k}: {v}\r\n" for k, v in fields.items()).encode("ascii")
 
 
 def encode_request(method: str, target: str, fields: bytes, body: bytes | None) -> bytes:
     """One request, head and JSON body, as the bytes written (``fields`` from
-    :func:`request_fields`)."""
-    head = f"{method} {target} HTTP/1.1\r\n".encode("latin-1") + fields
+    :func:`request_fields`). A ``target`` with spaces, controls or non-ASCII text (a
+    sandbox id as typed) is percent-encoded, as httpx would send it."""
+    if _UNSAFE_TARGET.search(target):
+        target = quote(target, safe=_TARGET_SAFE)
+    head = f"{method} {target} HTTP/1.1\r\n".encode("ascii") + fields
     if body is not None:
         return (
             head

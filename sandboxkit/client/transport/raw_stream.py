@@ -9,8 +9,8 @@ for the whole stream (no fresh 256 KiB object per read for the kernel to fault i
 the body's chunk framing is taken apart in place, each chunk's bytes going straight to
 the frame decoder: a payload byte is copied once after the kernel's copy (into its
 frame) instead of five times through h11's buffers (httpx's parser), and a line costs no
-per-event parser machinery. Used for plain-HTTP daemons when no custom httpx transport was given;
-everything else goes through httpx.
+per-event parser machinery. Used for plain-HTTP daemons when no custom httpx transport was
+given; everything else goes through httpx.
 """
 
 from __future__ import annotations
