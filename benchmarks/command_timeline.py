@@ -24,6 +24,11 @@ the kernel's scheduler tracepoints on the same clock (``perf record -k CLOCK_MON
 and placed among the steps; and, in a second pass, beside an asyncio spawn of ``true``
 in this process: fork to exec, exec to exit of each.
 
+Last, what a hand-off between two processes costs here (a command's path crosses several:
+client, daemon, launcher, command, and back): a one-byte pipe round trip between this
+process and a child, p50, the two on whatever CPUs the scheduler picks and both pinned to
+one CPU.
+
     python3 benchmarks/command_timeline.py [--commands 1000]
 """
 
@@ -242,6 +247,36 @@ def sched(commands: int) -> dict[str, tuple[float, float]] | None:
     return {k: (statistics.median(a), statistics.median(b)) for k, (a, b) in spans.items()}
 
 
+def round_trip(times: int, cpu: int | None = None) -> float:
+    """p50 of a one-byte pipe round trip with a forked child, in µs (``cpu``: both on it)."""
+    ping, pong = os.pipe(), os.pipe()
+    everywhere = os.sched_getaffinity(0)
+    child = os.fork()
+    if child == 0:  # the child echoes each byte back
+        try:
+            if cpu is not None:
+                os.sched_setaffinity(0, {cpu})
+            for _ in range(times):
+                os.write(pong[1], os.read(ping[0], 1))
+        finally:
+            os._exit(0)
+    took = []
+    try:
+        if cpu is not None:
+            os.sched_setaffinity(0, {cpu})
+        for _ in range(times):
+            start = time.perf_counter()
+            os.write(ping[1], b"x")
+            os.read(pong[0], 1)
+            took.append(time.perf_counter() - start)
+    finally:
+        os.sched_setaffinity(0, everywhere)
+        os.waitpid(child, 0)
+        for fd in (*ping, *pong):
+            os.close(fd)
+    return statistics.median(took) * 1e6
+
+
 class MarkedDaemon:
     """The daemon, its marks on, its state in a directory of its own; once it has
     stopped, its marks are in :attr:`result`."""
@@ -288,6 +323,8 @@ def main() -> None:
             print(
                 f"  forked by {parent}: fork → exec {to_exec:.3f} ms, exec → exit {to_exit:.3f} ms"
             )
+    across, alone = round_trip(5000), round_trip(5000, cpu=min(os.sched_getaffinity(0)))
+    print(f"a pipe round trip between two processes, p50: {across:.1f} µs (one CPU: {alone:.1f})")
 
 
 if __name__ == "__main__":
