@@ -919,9 +919,11 @@ def test_a_panel_on_an_isolated_sandbox_shows_its_lines_and_an_oom_on_its_status
 
             def exited() -> bool:
                 panel.flush()
-                return "exit" in last_status(panel)
+                # The exit code, not the state alone: a stream attached after the end
+                # says "exited" in its start frame, and the code with its end frame.
+                return re.search(r"exit -?\d", last_status(panel)) is not None
 
-            wait_until(exited, what="the exit on the status line")
+            wait_until(exited, what="the exit code on the status line")
             panel.flush()
             assert screen_lines(panel)[:3] == ["line 0", "line 1", "line 2"]
             if how == "rlimit":  # no cgroup: the allocation fails, no OOM kill
