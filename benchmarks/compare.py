@@ -908,6 +908,7 @@ def main() -> None:
     parser.add_argument("--consumers", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument(
         "--sections", nargs="+", default=["P1", "P3", "P5", "P7", "stdin"],
+        choices=["P1", "P3", "P5", "P7", "stdin"],
         help="P1 (with P7 daemon CPU), P3 (with P4 and unary P5), P5 (create, pause), P7, stdin",
     )  # fmt: skip
     parser.add_argument(

@@ -15,6 +15,8 @@ import pytest
 
 import sandboxkit
 from sandboxkit import AsyncCommandHandle, AsyncSandbox, CommandHandle, InvalidArgument, Sandbox
+from sandboxkit.client.options import FollowOptions
+from sandboxkit.client.stream import ProcessStream
 
 HANG = 10.0
 
@@ -82,12 +84,17 @@ async def test_on_end_on_disconnect_and_on_error_and_async(conn: dict[str, str])
             errors.append(h.error)
             ended.set()
 
-        # connect() refuses a cursor past the head itself; without the head to check
-        # against (as for a provider that has none), the daemon's refusal ends the stream.
-        async def no_head(pid: int) -> None:
-            return None
+        # connect() opens the stream before a handle exists: the daemon refuses a cursor
+        # past the head there. A reader that attaches only later (as a provider's may)
+        # gets that refusal as the error that ends its stream.
+        with pytest.raises(InvalidArgument, match="cursor"):
+            await sbx.commands.connect(info.pid, cursor=head + 1)
+        commands = sbx.backend.commands
 
-        sbx.backend.commands.prepare_follow = no_head  # type: ignore[method-assign]
+        async def later(pid: int, cursor: int | None, options: FollowOptions) -> ProcessStream:
+            return ProcessStream(commands.api, commands.sandbox_id, pid, cursor, options)
+
+        commands.follow_reader = later  # type: ignore[method-assign]
         bad = await sbx.commands.connect(info.pid, cursor=head + 1, on_end=on_end)
         await asyncio.wait_for(ended.wait(), HANG)
         assert len(errors) == 1 and isinstance(errors[0], InvalidArgument)

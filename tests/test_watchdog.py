@@ -26,7 +26,7 @@ from sandboxkit import AsyncSandbox
 from sandboxkit.client.api import ApiClient
 from sandboxkit.client.transport import raw_unary
 from sandboxkit.daemon.config import DaemonConfig
-from sandboxkit.errors import DaemonUnavailable
+from sandboxkit.errors import CommandExitError, DaemonUnavailable
 from sandboxkit.statefile import STATE_FILE_ENV, DaemonState, read_state
 from sandboxkit.wire import Frame, FrameKind
 
@@ -314,6 +314,31 @@ async def test_a_frozen_daemon_is_reported_to_a_unary_request_after_a_probe(
             # Thawed, the same client carries on.
             assert await sbx.commands.list() == []
         print(f"frozen daemon reported to a unary request {detected:.3f}s after SIGSTOP")
+
+
+@pytest.mark.timeout(60)
+async def test_a_frozen_daemon_is_reported_to_connect_after_a_probe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``connect()`` opens the process's stream before a handle exists; a daemon that
+    does not answer it is asked for its health after ``PROBE_AFTER``, as for a unary
+    request, and no answer within ``PROBE_TIMEOUT`` is DaemonUnavailable (not the
+    stream's own 10 s wait for a response head)."""
+    monkeypatch.setattr(raw_unary, "PROBE_AFTER", 0.5)
+    monkeypatch.setattr(raw_unary, "PROBE_TIMEOUT", 0.5)
+    with _served(tmp_path) as (state, proc):
+        async with await AsyncSandbox.create(url=state.url, token=state.token) as sbx:
+            info = await sbx.commands.start(["sleep", "30"])
+            os.kill(proc.pid, signal.SIGSTOP)
+            try:
+                with pytest.raises(DaemonUnavailable, match="hung"):
+                    await asyncio.wait_for(sbx.commands.connect(info.pid, cursor=0), 5.0)
+            finally:
+                os.kill(proc.pid, signal.SIGCONT)
+            handle = await sbx.commands.connect(info.pid, cursor=0)  # thawed: as ever
+            await sbx.commands.kill(info.pid)
+            with pytest.raises(CommandExitError):
+                await handle.wait()
 
 
 # -- h. an idle but healthy stream is left alone ---------------------------------------

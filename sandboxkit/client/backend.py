@@ -92,14 +92,13 @@ class CommandsBackend(Protocol):
         """Start the process ``spec`` describes — ``cmd`` (a shell command) or ``argv``,
         and ``envs``, ``cwd``, ``timeout``, ``pty``, ``tag`` as ``start`` got them."""
 
-    async def prepare_follow(self, pid: int) -> dict[str, Any] | None:
-        """Make ``pid`` ready to be followed before a handle exists, raising
-        ResultUnavailable for an unknown or evicted pid; what is known of it (its ``head``
-        bounds a cursor), if anything."""
-
-    def open_reader(self, pid: int, cursor: int | None, options: FollowOptions) -> OutputReader:
+    async def follow_reader(
+        self, pid: int, cursor: int | None, options: FollowOptions
+    ) -> OutputReader:
         """The reader a handle runs: ``pid``'s output from ``cursor`` (``None``: the oldest
-        kept), delivered as ``options`` say."""
+        kept), delivered as ``options`` say; ready before a handle exists, so an unknown
+        or evicted pid raises ResultUnavailable here (and, where the backend knows the
+        head, a cursor past it InvalidArgument), in as few round trips as it allows."""
 
     async def start_reader(self, spec: dict[str, Any], options: FollowOptions) -> OutputReader:
         """:meth:`start_process`, then the reader of its output from its first byte: what

@@ -386,22 +386,9 @@ class AsyncCommands:
         check_keywords(CONNECT_KEYWORDS, "AsyncCommands.connect", options)
         self._owner.check()
         _check_cursor_type(cursor)
-        process = await self._backend.prepare_follow(pid)
-        if cursor is not None and process is not None and "head" in process:
-            head = int(process["head"])
-            if cursor > head:
-                raise InvalidArgument(
-                    f"cursor {cursor} is past the output of process {pid}: a cursor is a "
-                    f"sequence number from 0 to {head} (the head, where the next chunk goes)",
-                    field="cursor",
-                )
-        return self._follow(pid, cursor, follow_options(options, DEFAULT_KEEP_OUTPUT), on_end)
-
-    def _follow(
-        self, pid: int, cursor: int | None, options: FollowOptions, on_end: OnEnd | None
-    ) -> AsyncCommandHandle:
-        self._owner.check()
-        return AsyncCommandHandle(self, self._backend.open_reader(pid, cursor, options), on_end)
+        options_ = follow_options(options, DEFAULT_KEEP_OUTPUT)
+        reader = await self._backend.follow_reader(pid, cursor, options_)
+        return AsyncCommandHandle(self, reader, on_end)
 
     async def try_run(
         self, cmd: str | list[str], **options: Unpack[RunOptions]

@@ -12,7 +12,7 @@ from sandboxkit.client.files import EntryInfo, WriteInfo
 from sandboxkit.client.local import Connection
 from sandboxkit.client.options import FollowOptions
 from sandboxkit.client.results import ProcessInfo, SandboxInfo
-from sandboxkit.client.start_stream import start_stream
+from sandboxkit.client.start_stream import follow_stream, start_stream
 from sandboxkit.client.stdin import HttpStdinTransport, StdinSession
 from sandboxkit.client.stream import ProcessStream
 from sandboxkit.client.tasks import TaskOwner
@@ -42,13 +42,13 @@ class DaemonCommands:
         """``spec`` is the daemon's request body as it is."""
         return ProcessInfo.from_json(await self._call("POST", self._path(), json=spec))
 
-    async def prepare_follow(self, pid: int) -> dict[str, Any] | None:
-        """The daemon is asked about ``pid`` (its output log is already there)."""
-        info: dict[str, Any] = await self._call("GET", self._path(pid))
-        return info
-
-    def open_reader(self, pid: int, cursor: int | None, options: FollowOptions) -> ProcessStream:
-        return ProcessStream(self.api, self.sandbox_id, pid, cursor, options)
+    async def follow_reader(
+        self, pid: int, cursor: int | None, options: FollowOptions
+    ) -> ProcessStream:
+        """One request: the stream from ``cursor``, opened now (the daemon refuses an
+        unknown pid or a cursor past the head before a handle exists)."""
+        self.owner.check()
+        return await follow_stream(self.api, self.sandbox_id, pid, cursor, options)
 
     async def start_reader(self, spec: dict[str, Any], options: FollowOptions) -> ProcessStream:
         """One request: the start answers with the output stream."""

@@ -65,11 +65,11 @@ class E2BCommands:
             }
         )
 
-    async def prepare_follow(self, pid: int) -> dict[str, Any] | None:
+    async def follow_reader(self, pid: int, cursor: int | None, options: FollowOptions) -> Reader:
         """A process this client does not tap yet is tapped from now: what it printed
         before is an unknown-size gap. An unknown pid raises ResultUnavailable."""
         await self.session.ensure_tap(pid)
-        return None
+        return self.open_reader(pid, cursor, options)
 
     async def start_reader(self, spec: dict[str, Any], options: FollowOptions) -> Reader:
         """Started, then read from its first byte (the tap holds all of it)."""
