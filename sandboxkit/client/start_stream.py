@@ -83,10 +83,13 @@ async def follow_stream(
                 url=api.url,
             )
         opened, _ = await opening
-    finally:
+    except BaseException:
         if not opening.done():
             opening.cancel()
             await asyncio.gather(opening, return_exceptions=True)
+        elif not opening.cancelled() and opening.exception() is None:
+            await opening.result()[0].stack.aclose()  # opened just as this gave up
+        raise
     return ProcessStream(api, sandbox_id, pid, cursor, options, opened=opened)
 
 
