@@ -386,8 +386,8 @@ class AsyncCommands:
         check_keywords(CONNECT_KEYWORDS, "AsyncCommands.connect", options)
         self._owner.check()
         _check_cursor_type(cursor)
-        options_ = follow_options(options, DEFAULT_KEEP_OUTPUT)
-        reader = await self._backend.follow_reader(pid, cursor, options_)
+        follow = follow_options(options, DEFAULT_KEEP_OUTPUT)
+        reader = await self._backend.follow_reader(pid, cursor, follow)
         return AsyncCommandHandle(self, reader, on_end)
 
     async def try_run(
