@@ -12,17 +12,22 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from sandboxkit.statefile import DaemonState, read_state
+from sandboxkit.statefile import STATE_FILE_ENV, DaemonState, read_state
 
 
 @contextlib.contextmanager
 def local_daemon(
-    *serve_args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+    *serve_args: str,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    found: bool = False,
 ) -> Iterator[tuple[subprocess.Popen[bytes], DaemonState]]:
     """Run ``sandboxkit serve`` with ``serve_args``; yield its process and state; stop it.
 
     ``cwd``: run the ``sandboxkit`` package found there (another checkout, to compare);
-    ``env``: the daemon's environment (default: this process's).
+    ``env``: the daemon's environment (default: this process's); ``found``: while it
+    runs, this process's ``create()`` without a ``url`` finds it (its state file named in
+    ``SANDBOXKIT_STATE_FILE``), as a notebook finds its daemon.
 
     Its sandboxes default to ``isolation="none"`` (``SANDBOXKIT_ISOLATION``, which an
     older checkout ignores): the workloads run this interpreter by its host path, which
@@ -38,9 +43,17 @@ def local_daemon(
         cwd=cwd,
         env=env,
     )
+    before = os.environ.get(STATE_FILE_ENV)
     try:
-        yield process, started(process, state_path)
+        state = started(process, state_path)
+        if found:
+            os.environ[STATE_FILE_ENV] = str(state_path)
+        yield process, state
     finally:
+        if found:
+            os.environ.pop(STATE_FILE_ENV, None)
+            if before is not None:
+                os.environ[STATE_FILE_ENV] = before
         stop(process)
         state_dir.cleanup()
 

@@ -21,23 +21,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import re
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import httpx
-from _daemon import started
+from _daemon import local_daemon
 from compare import BARE_REF, LINES, _free_port, running
 
 from sandboxkit import AsyncSandbox
-from sandboxkit.statefile import STATE_FILE_ENV
 
 _CLOCK = re.compile(rb"(\d{9,}\.\d+)\n")
 """A line of the child's (its clock), found in the raw bytes of a response."""
@@ -200,21 +195,11 @@ def main() -> None:
     parser.add_argument("--lines", type=int, default=300, help="lines per latency run")
     parser.add_argument("--runs", type=int, default=3, help="runs of each line figure")
     args = parser.parse_args()
-    state_dir = tempfile.TemporaryDirectory(prefix="sbx-bench-")
-    state_path = Path(state_dir.name) / "daemon.json"
-    daemon = subprocess.Popen(
-        [sys.executable, "-m", "sandboxkit", "serve", "--state-file", str(state_path)],
-        stdout=subprocess.DEVNULL,
-    )
-    try:
-        state = started(daemon, state_path)
-        os.environ[STATE_FILE_ENV] = str(state_path)
+    # Unisolated (local_daemon's default): the child runs this interpreter by its host
+    # path, which a namespaced sandbox cannot reach.
+    with local_daemon(found=True) as (_, state):
         asyncio.run(measure(args.n, state.url, state.token or ""))
         measure_lines(state.url, state.token or "", args.lines, args.runs)
-    finally:
-        daemon.terminate()
-        daemon.wait(15)
-        state_dir.cleanup()
 
 
 if __name__ == "__main__":
