@@ -35,10 +35,10 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 from _daemon import local_daemon, stop
@@ -48,6 +48,9 @@ from sandboxkit import AsyncSandbox
 from sandboxkit.daemon.isolation import ISOLATION_ENV, probe
 from sandboxkit.daemon.server import event_loop_factory
 
+T = TypeVar("T")
+Run = Callable[[], Coroutine[Any, Any, T]]
+"""One run of a figure: a fresh event loop runs it (``asyncio.run``)."""
 RESULTS = Path(__file__).resolve().parent / "results"
 REDIS_MISSING = "not installed (apt-get install redis-server)"
 TMUX_MISSING = "not installed (apt-get install tmux)"
@@ -616,26 +619,38 @@ class Bench:
         with running([sys.executable, "-c", BARE_REF, str(port), LINES], port):
             self.idle("P3")
             n_lines = 150 if self.quick else 600
-            sdk = [asyncio.run(self._sdk_lines(info, n_lines)) for _ in range(self.runs)]
-            bare = [asyncio.run(self._bare_lines(port, n_lines)) for _ in range(self.runs)]
+            sdk, bare = self.in_turns(
+                lambda: self._sdk_lines(info, n_lines), lambda: self._bare_lines(port, n_lines)
+            )
             for q, name in ((0.5, "p50"), (0.99, "p99")):
                 self.add(Row("P3", f"child line -> callback {name}", "ms",
                              [percentile(s, q) * 1e3 for s in sdk], "uvicorn -> httpx",
                              [percentile(b, q) * 1e3 for b in bare]))  # fmt: skip
             self.idle("P4")
             tries = 30 if self.quick else 100
-            sdk = [asyncio.run(self._sdk_replay(info, tries)) for _ in range(self.runs)]
-            bare = [asyncio.run(self._bare_replay(port, tries)) for _ in range(self.runs)]
+            sdk, bare = self.in_turns(
+                lambda: self._sdk_replay(info, tries), lambda: self._bare_replay(port, tries)
+            )
             for q, name in ((0.5, "p50"), (0.99, "p99")):
                 self.add(Row("P4", f"reattach -> first replayed byte {name} (1 MB)", "ms",
                              [percentile(s, q) * 1e3 for s in sdk], "uvicorn -> httpx",
                              [percentile(b, q) * 1e3 for b in bare]))  # fmt: skip
             self.idle("P5")
             tries = 30 if self.quick else 200
-            sdk = [asyncio.run(self._sdk_unary(info, tries)) for _ in range(self.runs)]
-            bare = [asyncio.run(self._bare_unary(port, tries)) for _ in range(self.runs)]
+            sdk, bare = self.in_turns(
+                lambda: self._sdk_unary(info, tries), lambda: self._bare_unary(port, tries)
+            )
             self.add(Row("P5", "unary request p50", "ms", [statistics.median(s) * 1e3 for s in sdk],
                          "uvicorn JSON", [statistics.median(b) * 1e3 for b in bare]))  # fmt: skip
+
+    def in_turns(self, ours: Run[T], theirs: Run[T]) -> tuple[list[T], list[T]]:
+        """``runs`` runs of each, in turns (the first of each pair alternating), so that a
+        slow spell of a noisy machine falls on both alike."""
+        out: tuple[list[T], list[T]] = ([], [])
+        for run in range(self.runs):
+            for side in (0, 1) if run % 2 == 0 else (1, 0):
+                out[side].append(asyncio.run((ours, theirs)[side]()))
+        return out
 
     async def _sdk_lines(self, info: Any, n: int) -> list[float]:
         lat: list[float] = []
@@ -728,26 +743,31 @@ class Bench:
         # daemon is quiet); a create 0.1 s after the last command, as in a notebook, gets
         # the spare (daemon/spare.py), whose first command is a fork of its launcher. tmux
         # at the same pace: after 0.1 s idle, each process woken costs more (cores asleep).
-        tmux_ms = {
-            pace: [statistics.median(t) * 1e3 for t in self._tmux(tries, pace)]
-            for pace in (0.0, 0.1)
-            if shutil.which("tmux")
-        }
+        # In rounds: tmux at each pace, then each row's sandboxes, so that a slow spell of
+        # a noisy machine falls on both alike.
         isolated, no_spare = isolated_daemons or (None, None)
         rows = [
-            ("", info, 0.0),
-            (", isolated", isolated, 0.0),
-            (", isolated, 0.1 s apart", isolated, 0.1),
-            (", isolated, 0.1 s apart, no spare", no_spare, 0.1),
+            (name, daemon, pace)
+            for name, daemon, pace in (
+                ("", info, 0.0),
+                (", isolated", isolated, 0.0),
+                (", isolated, 0.1 s apart", isolated, 0.1),
+                (", isolated, 0.1 s apart, no spare", no_spare, 0.1),
+            )
+            if daemon is not None
         ]
-        for name, daemon, pace in rows:
-            if daemon is None:
-                continue
-            sdk = [asyncio.run(self._create_first(daemon, tries, pace)) for _ in range(self.runs)]
+        tmux_ms: dict[float, list[float]] = {0.0: [], 0.1: []} if shutil.which("tmux") else {}
+        sdk: dict[str, list[float]] = {name: [] for name, _, _ in rows}
+        for run in range(self.runs):
+            for pace, out in tmux_ms.items():
+                out.append(statistics.median(self._tmux(tries, pace, run)) * 1e3)
+            for name, daemon, pace in rows:
+                times = asyncio.run(self._create_first(daemon, tries, pace))
+                sdk[name].append(statistics.median(times) * 1e3)
+        for name, _, pace in rows:
             ref = "tmux new-session -d" + (", 0.1 s apart" if pace else "")
-            self.add(Row("P5", f"create + first command{name} p50", "ms",
-                         [statistics.median(s) * 1e3 for s in sdk], ref, tmux_ms.get(pace),
-                         note="" if tmux_ms else TMUX_MISSING))  # fmt: skip
+            self.add(Row("P5", f"create + first command{name} p50", "ms", sdk[name], ref,
+                         tmux_ms.get(pace), note="" if tmux_ms else TMUX_MISSING))  # fmt: skip
         runs = [asyncio.run(self._run_true(info, tries)) for _ in range(self.runs)]
         self.add(Row("P5", "run([\"true\"]) in a running sandbox, p50", "ms",
                      [statistics.median(r) * 1e3 for r, _ in runs],
@@ -783,24 +803,21 @@ class Bench:
                 out[1].append(time.perf_counter() - start)
         return out
 
-    def _tmux(self, tries: int, pace: float) -> list[list[float]]:
-        sock = f"sbxbench{os.getpid()}-{pace * 1000:.0f}"  # a server of its own per pace
-        runs = []
+    def _tmux(self, tries: int, pace: float, run: int) -> list[float]:
+        sock = f"sbxbench{os.getpid()}-{pace * 1000:.0f}-{run}"  # a server of its own
+        out = []
         try:
-            for r in range(self.runs):
-                out = []
-                for i in range(tries):
-                    time.sleep(pace)  # sleep-ok: the pace the sandboxes are measured at
-                    start = time.perf_counter()
-                    subprocess.run(
-                        ["tmux", "-L", sock, "new-session", "-d", "-s", f"s{r}-{i}", "sleep 600"],
-                        check=True,
-                    )
-                    out.append(time.perf_counter() - start)
-                runs.append(out)
+            for i in range(tries):
+                time.sleep(pace)  # sleep-ok: the pace the sandboxes are measured at
+                start = time.perf_counter()
+                subprocess.run(
+                    ["tmux", "-L", sock, "new-session", "-d", "-s", f"s{i}", "sleep 600"],
+                    check=True,
+                )
+                out.append(time.perf_counter() - start)
         finally:
             subprocess.run(["tmux", "-L", sock, "kill-server"], stderr=subprocess.DEVNULL)
-        return runs
+        return out
 
     async def _pause_resume(self, info: Any, tries: int) -> list[float]:
         out = []
