@@ -7,7 +7,8 @@ dir, so the notebook starts a fresh daemon of its own; the test stops it afterwa
 is left. Notebooks run from a temp copy: outputs are never written into the repository.
 
 ipykernel and nbclient are part of the ``test`` extra: if they are missing these tests
-fail at import, they do not skip.
+fail, they do not skip. They are imported by the tests that use them, not at collection:
+nbformat's schema validation takes seconds to import, which every worker would pay.
 """
 
 from __future__ import annotations
@@ -20,16 +21,16 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
-import nbformat
 import psutil
 import pytest
-from jupyter_client.kernelspec import KernelSpecManager
-from nbclient import NotebookClient
 
 from sandboxkit.statefile import read_state
+
+if TYPE_CHECKING:
+    import nbformat
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = REPO / "notebooks"
@@ -121,6 +122,9 @@ def _run_notebook(
 ) -> tuple[nbformat.NotebookNode, dict[str, Any]]:
     """Execute a temp copy of ``name`` (plus ``extra`` code cells) against a fresh
     daemon; return the executed notebook and the sandboxes still running at its end."""
+    import nbformat
+    from nbclient import NotebookClient
+
     source = NOTEBOOKS / name
     copy = workdir / name
     shutil.copyfile(source, copy)
@@ -166,6 +170,8 @@ def _run_notebook(
 
 def test_notebooks_are_committed_clean() -> None:
     """No stored outputs or execution counts: a clean diff and nothing stale."""
+    import nbformat
+
     for name in NAMES:
         nb = nbformat.read(NOTEBOOKS / name, as_version=4)
         nbformat.validate(nb)
@@ -177,6 +183,8 @@ def test_notebooks_are_committed_clean() -> None:
 
 
 def test_the_python3_kernel_is_installed() -> None:
+    from jupyter_client.kernelspec import KernelSpecManager
+
     assert "python3" in KernelSpecManager().find_kernel_specs()
 
 
