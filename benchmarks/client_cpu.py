@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import resource
 import statistics
 import sys
 import time
@@ -42,11 +43,15 @@ for _ in range({n}):
 """
 
 
-async def cpu_per_gb(consume: Callable[[], Awaitable[int]]) -> float:
-    """CPU-seconds per GB that ``consume`` (returning the bytes it got) spends."""
+async def cpu_per_gb(consume: Callable[[], Awaitable[int]]) -> tuple[float, float]:
+    """CPU-seconds and page faults per GB that ``consume`` (returning the bytes it got)
+    spends: a fault is new memory touched (the kernel zeroes each page)."""
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     start = time.process_time()
     received = await consume()
-    return (time.process_time() - start) / (received / 1e9)
+    cpu = time.process_time() - start
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    return cpu / (received / 1e9), faults / (received / 1e9)
 
 
 async def measure(state: DaemonState, mb: int, repeat: int) -> None:
@@ -83,18 +88,27 @@ async def measure(state: DaemonState, mb: int, repeat: int) -> None:
             "httpx aiter_raw (bare)": bare_httpx,
             "SDK, on_stdout_bytes": sdk(on_stdout_bytes=count, keep_output=False),
             "SDK, on_stdout (text chunks)": sdk(on_stdout=count, lines=False, keep_output=False),
+            # compare.py's P7 handle: what keeping the newest 8 MiB adds to the row above
+            "SDK, text chunks, keeps 8 MiB": sdk(on_stdout=count, lines=False),
             "SDK, on_stdout (lines)": sdk(on_stdout=count, keep_output=False),
             "SDK, default (keeps 8 MiB tail)": sdk(),
         }
         results: dict[str, list[float]] = {name: [] for name in consumers}
+        faults: dict[str, list[float]] = {name: [] for name in consumers}
         for _ in range(repeat):
             for name, consume in consumers.items():
-                results[name].append(await cpu_per_gb(consume))
+                cpu, touched = await cpu_per_gb(consume)
+                results[name].append(cpu)
+                faults[name].append(touched)
     base = statistics.median(results["httpx aiter_raw (bare)"])
-    print(f"{mb} MB per read, {repeat} runs; client CPU-s per GB (median [range]), ÷ httpx")
+    print(
+        f"{mb} MB per read, {repeat} runs; client CPU-s per GB (median [range]), ÷ httpx;"
+        " page faults per GB (median)"
+    )
     for name, values in results.items():
         low, mid, high = min(values), statistics.median(values), max(values)
-        print(f"  {name:<34} {mid:6.3f} [{low:.3f}–{high:.3f}]  {mid / base:5.2f}x")
+        touched = statistics.median(faults[name])
+        print(f"  {name:<34} {mid:6.3f} [{low:.3f}–{high:.3f}]  {mid / base:5.2f}x  {touched:7.0f}")
 
 
 def many(state: DaemonState, mb: int, consumers: int, repeat: int) -> None:
