@@ -3,6 +3,8 @@ exactly, however the chunks fall and however often the oldest piece is cut."""
 
 from __future__ import annotations
 
+import tracemalloc
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -103,3 +105,22 @@ def test_a_gap_marker_among_kept_text_is_shown_not_kept_as_output() -> None:
     out.add(b"ghijkl", decode=True)
     assert out.text() == "f<gap>ghijkl"
     assert out.data == b"fghijkl" and out.dropped == 5
+
+
+def test_kept_text_is_held_once_after_it_is_read() -> None:
+    # The text of ended output kept as ASCII text joins its pieces: from then on the joined
+    # text is what is kept, not the pieces beside it (a finished handle held it twice).
+    received = bytearray(b"0123456789abcdef" * 4096)  # 64 KiB a chunk
+    tracemalloc.start()
+    try:
+        out = StreamOutput(1 << 20)
+        for _ in range(16):
+            out.add(memoryview(received), decode=True)
+        text = out.text(final=True)
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(text) == 1 << 20 and out.data == bytes(received) * 16
+    assert held < 1.25 * len(text), held  # the text, and the pieces let go
+    out.add(b"more\n", decode=True)
+    assert out.text() == (bytes(received) * 16)[5:].decode() + "more\n"

@@ -215,6 +215,12 @@ class StreamOutput:
                     run.append(piece)
             flush(False)
             self._text = "".join(parts)
+            pieces = self._pieces
+            if final and pieces and not self._head and all(type(p) is str for p in pieces):
+                # The output ended, all of it kept as text (ASCII): the joined text is what
+                # is kept now, not the pieces beside it (a finished handle held it twice).
+                self._pieces = deque([self._text])
+                self._skip = 0
         if final and self.tail and self.limit != 0:
             return self._text + _decode(self.tail, "replace", True)[0]
         return self._text
