@@ -29,7 +29,7 @@ from support import poll as _poll
 from sandboxkit import AsyncSandbox
 from sandboxkit.daemon.config import DaemonConfig, LabDefaults
 from sandboxkit.lab import stdio_server
-from sandboxkit.lab.experiment import reattach_cycles
+from sandboxkit.lab.experiment import _fill_until_blocked, reattach_cycles
 from sandboxkit.lab.ghosts import FrozenClient, LeakyClient, make_ghost
 from sandboxkit.lab.jsonrpc import REFRESH_METHODS as REFRESH
 from sandboxkit.lab.jsonrpc import JsonRpcClient
@@ -528,3 +528,49 @@ async def test_ghost_maker_refuses_an_error_response(conn: dict[str, str], kind:
             await make_ghost(kind, conn["url"], conn["token"], sbx.sandbox_id, 999_999)
         consumers = await sbx.consumers()
         assert consumers.empty
+
+
+class _Consumers:
+    """A sandbox's consumer table in which the ghost turns ``blocked`` once it has been
+    looked at ``blocked_after`` times."""
+
+    def __init__(self, blocked_after: int) -> None:
+        self.looks = 0
+        self.blocked_after = blocked_after
+
+    async def consumers(self) -> pd.DataFrame:
+        self.looks += 1
+        state = "blocked" if self.looks > self.blocked_after else "streaming"
+        row = {"name": "ghost-tcp", "closed_at": None, "attached_at": 1.0, "state": state}
+        return pd.DataFrame([row])
+
+
+class _SlowFiller:
+    """A client whose every filler answer misses its deadline; ``flowing``: with some of
+    its bytes arriving meanwhile (a loaded machine), else none (the output wedged)."""
+
+    def __init__(self, flowing: bool) -> None:
+        self.flowing = flowing
+        self.requests = 0
+        self.bytes_received = 0
+
+    async def request(self, method: str, params: dict[str, Any], deadline: float) -> Any:
+        self.requests += 1
+        if self.flowing:
+            self.bytes_received += 4096
+        raise TimeoutError
+
+
+async def test_filling_goes_on_past_a_slow_answer_while_output_flows() -> None:
+    # On a loaded machine a filler's answer can take longer than its deadline while the
+    # output still flows: that is not the wedge that ends the filling (nothing reaching
+    # this client either), so the ghost is filled until it blocks, and the cycle that
+    # follows measures the stall the policy makes (was: filling stopped at the first slow
+    # answer, and a blocking policy's cycle could read "not stalled").
+    sbx, client = _Consumers(blocked_after=3), _SlowFiller(flowing=True)
+    await _fill_until_blocked(sbx, client, "ghost-tcp")  # type: ignore[arg-type]
+    assert client.requests == 3 and sbx.looks == 4
+    # Nothing arrives at all: the output is wedged, filling stops at once.
+    sbx, client = _Consumers(blocked_after=3), _SlowFiller(flowing=False)
+    await _fill_until_blocked(sbx, client, "ghost-tcp")  # type: ignore[arg-type]
+    assert client.requests == 1

@@ -209,7 +209,8 @@ async def _fill_until_blocked(
     A TCP ghost takes a couple of hundred KiB (its connection's buffers on the daemon's
     side) before it blocks; a ghost left open for a while has taken that already. Filler
     answers of 64 KiB stand in for that while. Under a shared-loop policy the filler may
-    itself wedge: then no more output reaches anyone, and filling stops.
+    itself wedge: then no more output reaches anyone, and filling stops. An answer late
+    while some of it arrived is a loaded machine, not a wedge: filling goes on.
     """
     filler = {"name": "echo", "arguments": {"text": "f" * 65536, "pad": False}}
     for _ in range(rounds):
@@ -217,10 +218,12 @@ async def _fill_until_blocked(
         ghosts = table[(table["name"] == name) & table["closed_at"].isna()]
         if not ghosts.empty and ghosts.sort_values("attached_at").iloc[-1]["state"] == "blocked":
             return
+        received = client.bytes_received
         try:
             await client.request("tools/call", filler, deadline=0.5)
         except TimeoutError:
-            return
+            if client.bytes_received == received:
+                return
 
 
 async def _journal_head(sbx: AsyncSandbox) -> int:
