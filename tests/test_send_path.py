@@ -214,20 +214,52 @@ def test_under_uvloop_a_pty_process_reads_stdin_and_quick_exits_start_cleanly() 
 
 
 class PacedSink(CountingSink):
-    """Takes each send at ``rate`` bytes per second (a transport draining at that rate),
-    and records the send buffer the consumer asks it for."""
+    """A transport that drains at ``rate`` bytes per second through a small buffer, as
+    asyncio's do: a send is taken at once while the buffer holds under ``high`` bytes,
+    else it waits until the buffer drains to a quarter of that. Records the send buffer
+    the consumer asks it for."""
 
-    def __init__(self, rate: float) -> None:
+    def __init__(self, rate: float, high: int = 4096) -> None:
         super().__init__()
         self.rate = rate
+        self.high = high
+        self.buffered = 0.0
+        self.drained_at = time.monotonic()
         self.buffers: list[int] = []
 
+    def _drain(self) -> None:
+        now = time.monotonic()
+        self.buffered = max(0.0, self.buffered - (now - self.drained_at) * self.rate)
+        self.drained_at = now
+
     async def send(self, data: bytes) -> None:
-        await asyncio.sleep(len(data) / self.rate)  # sleep-ok: the transport's drain rate
+        self._drain()
+        self.buffered += len(data)
+        if self.buffered > self.high:
+            wait = (self.buffered - self.high / 4) / self.rate
+            await asyncio.sleep(wait)  # sleep-ok: the transport's drain rate
+            self._drain()
         await super().send(data)
 
     def size_send_buffer(self, nbytes: int) -> None:
         self.buffers.append(nbytes)
+
+
+class LoopHold:
+    """Holds the running loop up for ``hold`` seconds at every turn, as a loaded machine
+    does, until stopped."""
+
+    def __init__(self, hold: float = 0.006) -> None:
+        self.hold = hold
+        self.loop = asyncio.get_running_loop()
+        self.handle = self.loop.call_soon(self._turn)
+
+    def _turn(self) -> None:
+        time.sleep(self.hold)  # sleep-ok: the loop held up (a loaded machine)
+        self.handle = self.loop.call_soon(self._turn)
+
+    def stop(self) -> None:
+        self.handle.cancel()
 
 
 @pytest.mark.parametrize(("rate", "stall", "fast"), [(20e6, 10.0, True), (2e6, 0.2, False)])
@@ -243,10 +275,19 @@ async def test_a_consumer_sizes_its_send_buffer_to_what_its_peer_drains(
     process = await sbx.start_process(ProcessSpec(argv=(sys.executable, "-c", half_mib)))
     await process.wait()
     sink = PacedSink(rate)
-    await host.start_stream(host.open_consumer(process, 0), sink)
+    # The loop is held up at every turn, as on a loaded machine: a send that had room
+    # (the small start and end frames) must still not be taken for a slow peer.
+    hold = LoopHold()
+    try:
+        await host.start_stream(host.open_consumer(process, 0), sink)
+    finally:
+        hold.stop()
     assert sink.buffers, "no send waited: the consumer never sized the buffer"
-    # What the peer drains in a quarter of the stall timeout.
-    assert all(n == pytest.approx(rate * stall / 4, rel=0.5) for n in sink.buffers), sink.buffers
+    drained = rate * stall / 4  # what the peer drains in a quarter of the stall timeout
+    if fast:  # far above the largest buffer, however late the held-up loop made the sends
+        assert all(n >= 4 * MAX_SEND_BUFFER for n in sink.buffers), sink.buffers
+    else:
+        assert all(n == pytest.approx(drained, rel=0.5) for n in sink.buffers), sink.buffers
     sizes = {size_send_buffer(socket.socket(), n, 0) for n in sink.buffers}
     assert sizes == ({MAX_SEND_BUFFER} if fast else {SEND_BUFFER}), sink.buffers
 
