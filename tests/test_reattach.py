@@ -373,9 +373,13 @@ def test_second_client_process_reattaches_through_the_state_file(
         left = [p for p in sandbox_pids if _alive(p)]
         assert not left, f"sandbox processes outlived the daemon: {left}"
     finally:
-        if daemon.poll() is None:
-            daemon.send_signal(signal.SIGKILL)
-            daemon.wait(10)
+        if daemon.poll() is None:  # the test failed early: stop it as `stop` would
+            daemon.terminate()
+            try:
+                daemon.wait(10)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+                daemon.wait(10)
         for p in sandbox_pids:
             if _alive(p):
                 os.kill(p, signal.SIGKILL)
