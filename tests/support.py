@@ -102,6 +102,26 @@ def fast_config(**overrides: object) -> DaemonConfig:
     return DaemonConfig(**values)  # type: ignore[arg-type]
 
 
+class LoopHold:
+    """Holds ``loop`` up for ``hold`` seconds at every turn, as a loaded machine does,
+    until :meth:`stop`. Safe to start from another thread (a daemon's loop)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, hold: float = 0.006) -> None:
+        self.hold = hold
+        self.loop = loop
+        self.stopped = False
+        loop.call_soon_threadsafe(self._turn)
+
+    def _turn(self) -> None:
+        if self.stopped:
+            return
+        time.sleep(self.hold)  # sleep-ok: the loop held up (a loaded machine)
+        self.loop.call_soon(self._turn)
+
+    def stop(self) -> None:
+        self.stopped = True  # (read by the loop's thread at its next turn)
+
+
 class ChunkedDecoder:
     """Incremental decoder of an HTTP/1.1 chunked body (for raw-socket consumers)."""
 

@@ -23,11 +23,13 @@ import httpx
 import pandas as pd
 import psutil
 import pytest
-from support import child_env, fast_config
+from support import LoopHold, child_env, fast_config
 from support import poll as _poll
 
 from sandboxkit import AsyncSandbox
 from sandboxkit.daemon.config import DaemonConfig, LabDefaults
+from sandboxkit.daemon.faults.ghost import GhostSink
+from sandboxkit.daemon.server import DaemonServer
 from sandboxkit.lab import stdio_server
 from sandboxkit.lab.experiment import _fill_until_blocked, reattach_cycles
 from sandboxkit.lab.ghosts import FrozenClient, LeakyClient, make_ghost
@@ -105,7 +107,7 @@ def _show(frame: pd.DataFrame) -> str:
 
 @pytest.mark.slow
 @pytest.mark.timeout(60)
-async def test_blocking_with_pause_snapshot_ghosts_stalls_after_a_first_response(
+async def test_blocking_with_pause_snapshot_ghosts_stalls_after_the_first_output(
     conn: dict[str, str],
 ) -> None:
     frame = await reattach_cycles(6, "blocking", "pause-snapshot", deadline=1.0, **conn)
@@ -133,6 +135,39 @@ async def test_blocking_with_pause_snapshot_ghosts_stalls_after_a_first_response
     assert later["stalled"].all(), _show(frame)
     assert (later["bytes_received"] == 0).all(), _show(frame)
     assert later["time_to_first_byte"].isna().all()
+
+
+async def test_a_pause_snapshot_ghost_takes_no_byte_however_large_the_send() -> None:
+    """A ghost's socket comes back from the snapshot full: a send of one byte or of a
+    whole chunk blocks alike, so what gets past a ghost never depends on how the output
+    after the restore happens to be chunked (a loaded machine reads larger chunks)."""
+    ghost = await GhostSink.open()
+    try:
+        for size in (1, 256 * 1024):
+            send = asyncio.ensure_future(ghost.send(b"x" * size))
+            done, _ = await asyncio.wait({send}, timeout=0.2)
+            send.cancel()
+            await asyncio.gather(send, return_exceptions=True)
+            assert not done, f"the ghost took a send of {size} bytes"
+    finally:
+        await ghost.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_blocking_stalls_while_the_daemons_loop_runs_late(daemon: DaemonServer) -> None:
+    """Held up at every turn, the daemon reads the server's answers in larger chunks;
+    the ghost still wedges ``blocking`` (it used to take whole chunks, and a cycle read
+    "not stalled" on a loaded machine), and ``cursor`` still answers in full."""
+    assert daemon.loop is not None
+    conn = {"url": daemon.url, "token": daemon.token}
+    hold = LoopHold(daemon.loop, 0.008)
+    try:
+        for policy, stalled in (("blocking", True), ("cursor", False)):
+            frame = asyncio.run(reattach_cycles(1, policy, "pause-snapshot", deadline=1.0, **conn))
+            assert list(frame["stalled"]) == [stalled], _show(frame)
+    finally:
+        hold.stop()
 
 
 # -- 2. the fix: cursor is immune to every ghost kind ------------------------------------

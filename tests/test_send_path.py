@@ -13,7 +13,7 @@ import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import ChunkedDecoder
+from support import ChunkedDecoder, LoopHold
 
 from sandboxkit.daemon.host import Host
 from sandboxkit.daemon.http.fast_path import split
@@ -245,23 +245,6 @@ class PacedSink(CountingSink):
         self.buffers.append(nbytes)
 
 
-class LoopHold:
-    """Holds the running loop up for ``hold`` seconds at every turn, as a loaded machine
-    does, until stopped."""
-
-    def __init__(self, hold: float = 0.006) -> None:
-        self.hold = hold
-        self.loop = asyncio.get_running_loop()
-        self.handle = self.loop.call_soon(self._turn)
-
-    def _turn(self) -> None:
-        time.sleep(self.hold)  # sleep-ok: the loop held up (a loaded machine)
-        self.handle = self.loop.call_soon(self._turn)
-
-    def stop(self) -> None:
-        self.handle.cancel()
-
-
 @pytest.mark.parametrize(("rate", "stall", "fast"), [(20e6, 10.0, True), (2e6, 0.2, False)])
 async def test_a_consumer_sizes_its_send_buffer_to_what_its_peer_drains(
     host: Host, rate: float, stall: float, fast: bool
@@ -277,7 +260,7 @@ async def test_a_consumer_sizes_its_send_buffer_to_what_its_peer_drains(
     sink = PacedSink(rate)
     # The loop is held up at every turn, as on a loaded machine: a send that had room
     # (the small start and end frames) must still not be taken for a slow peer.
-    hold = LoopHold()
+    hold = LoopHold(asyncio.get_running_loop())
     try:
         await host.start_stream(host.open_consumer(process, 0), sink)
     finally:

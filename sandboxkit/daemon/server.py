@@ -204,6 +204,8 @@ class DaemonServer:
         self._thread: threading.Thread | None = None
         self._started = threading.Event()
         self._error: BaseException | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        """The loop the daemon serves on, once it does."""
 
     # -- foreground ------------------------------------------------------------------
 
@@ -220,9 +222,8 @@ class DaemonServer:
         """Serve on the running loop until asked to stop."""
         # The threads the daemon's blocking work runs in (off_loop) say whose
         # they are: an in-process daemon's beside its host's own (shut down with the loop).
-        asyncio.get_running_loop().set_default_executor(
-            ThreadPoolExecutor(thread_name_prefix=WORKER_THREADS)
-        )
+        self.loop = asyncio.get_running_loop()
+        self.loop.set_default_executor(ThreadPoolExecutor(thread_name_prefix=WORKER_THREADS))
         envd = asyncio.ensure_future(self.envd.serve()) if self.envd else None
         try:
             await self._server.serve(sockets=[self._sock])

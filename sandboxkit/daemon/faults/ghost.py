@@ -2,8 +2,8 @@
 
 When a cloud sandbox is paused, the clients of its open streams are disconnected, but a
 snapshot restores the daemon's side of those streams on resume: subscribers still
-registered, writing into sockets whose peer is gone and whose buffers are nearly full.
-:class:`GhostSink` is such a socket: real, with a small buffer, and never read.
+registered, writing into sockets whose peer is gone and whose buffers are (nearly) full.
+:class:`GhostSink` is such a socket: real, with a small buffer, full, and never read.
 """
 
 from __future__ import annotations
@@ -18,58 +18,41 @@ from sandboxkit.lab_options import GHOST_BUFFER
 __all__ = ["GhostSink", "Relay"]
 
 
-class _FlowControl(asyncio.Protocol):
-    def __init__(self) -> None:
-        self.writable = asyncio.Event()
-        self.writable.set()
-
-    def pause_writing(self) -> None:
-        self.writable.clear()
-
-    def resume_writing(self) -> None:
-        self.writable.set()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.writable.set()
-
-
 class GhostSink:
-    """A frame sink whose socket has a ``buffer``-byte send buffer and a peer that never
-    reads: sends succeed until the buffers fill, then block forever."""
+    """A frame sink whose socket has a ``buffer``-byte send buffer, full from the start,
+    and a peer that never reads: every send blocks forever."""
 
-    def __init__(
-        self, transport: asyncio.WriteTransport, flow: _FlowControl, peer: socket.socket
-    ) -> None:
-        self._transport = transport
-        self._flow = flow
+    def __init__(self, sock: socket.socket, peer: socket.socket) -> None:
+        self._sock = sock
         self._peer = peer
 
     @classmethod
     async def open(cls, buffer: int = GHOST_BUFFER) -> GhostSink:
-        """A fresh ghost socket pair (the unread end is held by the sink)."""
+        """A fresh ghost socket pair (the unread end is held by the sink), its buffers
+        filled as a restored snapshot's are: what a ghost takes never depends on how the
+        output after the restore happens to be chunked."""
         ours, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         for sock in (ours, peer):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, buffer)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer)
         ours.setblocking(False)
-        flow = _FlowControl()
-        transport, _ = await asyncio.get_running_loop().create_unix_connection(
-            lambda: flow, sock=ours
-        )
-        # No user-space slack either: once the socket is full, the next send blocks.
-        transport.set_write_buffer_limits(high=0)
-        return cls(transport, flow, peer)
+        filler = bytes(buffer)
+        with contextlib.suppress(BlockingIOError):
+            while ours.send(filler):
+                pass
+        return cls(ours, peer)
 
     async def send(self, data: bytes) -> None:
-        """Write; blocks while the (never drained) buffers are full."""
-        await self._flow.writable.wait()
-        self._transport.write(data)
+        """Write what the socket takes (nothing, once full), then wait for it to take the
+        rest: forever, as nothing reads. No transport holds the rest for it, so a send
+        never completes by being buffered in user space."""
+        await asyncio.get_running_loop().sock_sendall(self._sock, data)
 
     async def close(self) -> None:
         """Drop both ends."""
-        self._transport.abort()
-        with contextlib.suppress(OSError):
-            self._peer.close()
+        for sock in (self._sock, self._peer):
+            with contextlib.suppress(OSError):
+                sock.close()
 
 
 class Relay:
