@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -27,6 +28,15 @@ from sandboxkit.daemon.isolation import ISOLATION_ENV
 # README's snippets run with the shipped default (tests/test_readme.py).
 os.environ.setdefault(ISOLATION_ENV, "none")
 
+# A home of the run's own, in its TMPDIR (one per worker, removed at its end). The
+# suite's commands run as this user, many in login shells (the e2b SDK starts every
+# command as `bash -l -c`), and a login shell runs the profile its HOME holds: the
+# machine's is not the suite's to run. This one's ran pyenv's rehash, which writes under
+# a lock; a shell the suite killed left the lock behind, and every login shell on the
+# machine then waited a minute on it (tests/test_e2b_envd.py). JupyterLab, its kernels
+# and Chromium keep their files here too.
+os.environ["HOME"] = tempfile.mkdtemp(prefix="home-")
+
 from support import fast_config, root_unlocked
 
 from sandboxkit.daemon.config import DaemonConfig
@@ -34,6 +44,8 @@ from sandboxkit.daemon.host import Host
 from sandboxkit.daemon.recovery import ROOT_PREFIX
 from sandboxkit.daemon.server import DaemonServer
 from sandboxkit.daemon.standby import SCRIPT as STANDBY_SCRIPT
+
+_HOME = os.environ["HOME"]  # (above): removed when this process's run ends
 
 if TYPE_CHECKING:
     from jupyter_harness import SharedLab
@@ -207,3 +219,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if left:
         print(f"\nFAILED: daemons of the run left their roots in {tmp}: {left}", file=sys.stderr)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(_HOME, ignore_errors=True)

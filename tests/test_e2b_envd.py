@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import pwd
 import struct
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import e2b
 import httpx
@@ -41,6 +45,17 @@ def envd(envd_daemon: DaemonServer) -> DaemonServer:
 def sbx(envd: DaemonServer) -> E2BSandbox:
     assert envd.envd is not None
     return E2BSandbox.create(debug=True, sandbox_url=envd.envd.url)
+
+
+def test_a_login_shell_in_the_suite_reads_a_home_of_its_own(sbx: E2BSandbox) -> None:
+    """The SDK starts every command as ``bash -l -c``; unisolated (the suite's default),
+    a login shell runs the profile of whatever ``HOME`` says. The suite's is its own, in
+    its ``TMPDIR``: the machine's login profile is not the suite's to run (this one's ran
+    pyenv's rehash, whose lock a killed shell left behind, and every login shell on the
+    machine then waited a minute on it)."""
+    home = sbx.commands.run("echo $HOME").stdout.strip()
+    assert home != pwd.getpwuid(os.getuid()).pw_dir
+    assert Path(home).is_relative_to(tempfile.gettempdir()), home
 
 
 def test_run_foreground_with_envs_cwd_and_callbacks(sbx: E2BSandbox, tmp_path: object) -> None:
