@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
-from support import child_env
+from support import child_env, end_process
 
 import sandboxkit
 
@@ -125,8 +125,9 @@ class Served:
 
 @contextlib.contextmanager
 def served(tmp: Path, *args: str) -> Iterator[Served]:
-    """``sandboxkit serve ARGS`` with a state file under ``tmp``; killed on exit if it
-    still runs."""
+    """``sandboxkit serve ARGS`` with a state file under ``tmp``; ended on exit if it
+    still runs (SIGTERM, then SIGKILL: killed outright, it left its directories in
+    ``TMPDIR`` for the next daemon to find)."""
     state_file = tmp / "daemon.json"
     proc = subprocess.Popen(
         [sys.executable, "-m", "sandboxkit", "serve", "--state-file", str(state_file), *args],
@@ -144,6 +145,4 @@ def served(tmp: Path, *args: str) -> Iterator[Served]:
         published = json.loads(state_file.read_text())
         yield Served(proc, state_file, published["url"], published["token"])
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(10)
+        end_process(proc)

@@ -8,6 +8,8 @@ import asyncio
 import fcntl
 import inspect
 import os
+import signal
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -69,6 +71,21 @@ async def poll(
         if time.monotonic() > deadline:
             raise _timed_out(timeout, what or predicate, info)
         await asyncio.sleep(interval)  # sleep-ok: poll interval
+
+
+def end_process(proc: subprocess.Popen[Any], grace: float = 20.0) -> None:
+    """End ``proc`` as ``sandboxkit stop`` would a daemon: SIGTERM (it ends its sandboxes
+    and removes its directories on the way out; SIGCONT too, in case a test stopped it),
+    SIGKILL if it is not gone in ``grace`` seconds."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    proc.send_signal(signal.SIGCONT)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
 
 
 def child_env() -> dict[str, str]:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 from freezer_support import cli_env
+from support import end_process
 
 from sandboxkit import Sandbox
 from sandboxkit.errors import ResourceExhausted
@@ -68,12 +69,7 @@ def _served(tmp: Path, *args: str, fd_limit: int = FD_LIMIT) -> Iterator[Daemon]
         host, port = published["url"].removeprefix("http://").rsplit(":", 1)
         yield Daemon(proc, host, int(port), published["url"], published["token"])
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        end_process(proc)
 
 
 def _health(daemon: Daemon, timeout: float = 5.0) -> float:
@@ -392,8 +388,7 @@ def test_the_daemon_raises_its_soft_fd_limit_to_the_hard_limit(tmp_path: Path) -
         soft, hard = resource.prlimit(proc.pid, resource.RLIMIT_NOFILE)
         assert (soft, hard) == (2 * FD_LIMIT, 2 * FD_LIMIT)
     finally:
-        proc.terminate()
-        proc.wait(20)
+        end_process(proc)
 
 
 @pytest.mark.slow

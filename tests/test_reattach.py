@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 import psutil
 import pytest
+from support import end_process, wait_until
 from support import poll as _poll
-from support import wait_until
 
 from sandboxkit import AsyncSandbox, CommandExitError, Sandbox
 from sandboxkit.client.api import ApiClient
@@ -373,13 +373,7 @@ def test_second_client_process_reattaches_through_the_state_file(
         left = [p for p in sandbox_pids if _alive(p)]
         assert not left, f"sandbox processes outlived the daemon: {left}"
     finally:
-        if daemon.poll() is None:  # the test failed early: stop it as `stop` would
-            daemon.terminate()
-            try:
-                daemon.wait(10)
-            except subprocess.TimeoutExpired:
-                daemon.kill()
-                daemon.wait(10)
+        end_process(daemon)  # (the test failed early: still running)
         for p in sandbox_pids:
             if _alive(p):
                 os.kill(p, signal.SIGKILL)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import msgspec
 from freezer_support import Served
+from support import end_process
 
 import sandboxkit
 
@@ -109,13 +110,7 @@ def served_unprivileged(*args: str) -> Iterator[Served]:
             published = json.loads(state_file.read_text())
             yield Served(proc, state_file, published["url"], published["token"])
         finally:
-            if proc.poll() is None:
-                proc.terminate()  # the daemon ends its sandboxes on the way out
-                try:
-                    proc.wait(20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(10)
+            end_process(proc)
             assert proc.stderr is not None
             proc.stderr.close()
     finally:
