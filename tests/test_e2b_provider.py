@@ -470,6 +470,44 @@ def test_charts_and_dashboard_say_their_metrics_are_client_side(
         sbx.commands.kill(pid)
 
 
+@pytest.mark.timeout(30)
+async def test_a_process_this_client_started_stays_listed_while_its_end_is_on_its_way(
+    envd_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """E2B stops listing a process as running a moment before its end reaches this
+    client's tap; the list in between must still show it (it showed nothing, and a
+    dashboard's `on_start` then could not find the process it had just started). The tap
+    is held back here, so that moment lasts."""
+    from sandboxkit.providers.e2b.tap import Tap
+
+    gate = asyncio.Event()
+    run = Tap.run
+
+    async def held(self: Tap, first: object) -> None:
+        await gate.wait()
+        await run(self, first)
+
+    monkeypatch.setattr(Tap, "run", held)
+    sbx = await AsyncSandbox.create(provider="e2b", url=envd_url)
+    try:
+        pid = (await sbx.commands.start("true")).pid
+        e2b = sbx._backend.session.sdk  # type: ignore[attr-defined]
+        deadline = asyncio.get_running_loop().time() + 10
+        while any(p.pid == pid for p in await e2b.commands.list()):
+            assert asyncio.get_running_loop().time() < deadline, "E2B lists `true` on"
+            await asyncio.sleep(0.02)  # sleep-ok: polling with a deadline
+        assert pid in {p.pid for p in await sbx.commands.list()}
+        gate.set()
+        deadline = asyncio.get_running_loop().time() + 10
+        while (info := await sbx.commands.get(pid)).state == "running":
+            assert asyncio.get_running_loop().time() < deadline, info
+            await asyncio.sleep(0.02)  # sleep-ok: polling with a deadline
+        assert info.exit_code == 0
+    finally:
+        gate.set()
+        await sbx.close()
+
+
 def test_dashboard_creates_e2b_sandboxes_and_shows_pause_errors(envd_url: str) -> None:
     dashboard = SandboxDashboard(refresh_interval=None, provider="e2b", url=envd_url)
     try:

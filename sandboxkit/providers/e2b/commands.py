@@ -173,14 +173,16 @@ class E2BCommands:
         return self.session.process_info(plog)
 
     async def list(self) -> builtins.list[ProcessInfo]:
-        """Processes E2B lists as running, and those this client saw end."""
+        """Processes E2B lists as running, those this client follows (E2B stops listing
+        one a moment before its end reaches the tap: it is listed as running until
+        then), and those this client saw end."""
         running = {p.pid: p for p in await self.sdk.list()}
         for pid, proc in running.items():
             if pid not in self.session.logs:
                 self.session.new_log(pid, spec_of(proc))
         infos = []
         for pid, plog in self.session.logs.items():
-            if pid in running or plog.ended:
+            if pid in running or plog.ended or plog.tap is not None:
                 infos.append(self.session.process_info(plog))
         return infos
 
