@@ -36,6 +36,7 @@ from sandboxkit.daemon.freezer import cgroup
 from sandboxkit.daemon.freezer.cgroup import CgroupFreezer
 from sandboxkit.daemon.freezer.cgroupfs import cgroup2_mount
 from sandboxkit.daemon.host import Host
+from sandboxkit.daemon.launcher_slot import LauncherSlot
 from sandboxkit.daemon.process import ProcessSpec
 from sandboxkit.daemon.server import DaemonServer
 
@@ -449,10 +450,21 @@ async def test_a_pause_freezes_the_sandboxs_processes_and_not_bubblewraps_monito
     (init,) = (c.pid for c in psutil.Process(process.pid).children())
     assert [psutil.Process(pid).name() for pid in (process.pid, init)] == ["bwrap", "bwrap"]
     inside = sorted([init, sleeper])
+    # The sandbox's next launch (its launcher, or a standby) starts once the daemon is
+    # quiet, after the command: waited for, so that its monitor is not still in the
+    # cgroup, on its way out, when the pause comes.
+    standby = sandbox.standby
+    await poll(
+        lambda: (
+            standby is None
+            or (standby.running is not None if isinstance(standby, LauncherSlot) else standby.ready)
+        ),
+        what="the sandbox's next launch started",
+    )
 
     def out() -> bool:
-        # Besides the command's, the sandbox's next launch (its standby) is in the
-        # cgroup: its monitor goes out too. Every process left is inside a namespace.
+        # Besides the command's, the sandbox's next launch is in the cgroup: its monitor
+        # goes out too. Every process left is inside a namespace.
         pids = sandbox.tree.pids()
         here = os.readlink("/proc/self/ns/pid")
         return set(inside) <= set(pids) and all(
