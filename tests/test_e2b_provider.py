@@ -15,10 +15,10 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from support import wait_until
+from support import poll, wait_until
 from test_notebook_panel import custom, last_status, recording_comms, screen
 
-from sandboxkit import AsyncCommandHandle, AsyncSandbox, Sandbox
+from sandboxkit import AsyncCommandHandle, AsyncSandbox, ProcessInfo, Sandbox
 from sandboxkit.client.stream import GapInfo
 from sandboxkit.daemon.server import DaemonServer
 from sandboxkit.errors import CommandExitError, OutputIncomplete, ResultUnavailable
@@ -492,16 +492,18 @@ async def test_a_process_this_client_started_stays_listed_while_its_end_is_on_it
     try:
         pid = (await sbx.commands.start("true")).pid
         e2b = sbx._backend.session.sdk  # type: ignore[attr-defined]
-        deadline = asyncio.get_running_loop().time() + 10
-        while any(p.pid == pid for p in await e2b.commands.list()):
-            assert asyncio.get_running_loop().time() < deadline, "E2B lists `true` on"
-            await asyncio.sleep(0.02)  # sleep-ok: polling with a deadline
+
+        async def unlisted_by_e2b() -> bool:
+            return all(p.pid != pid for p in await e2b.commands.list())
+
+        async def ended() -> ProcessInfo | None:
+            info = await sbx.commands.get(pid)
+            return info if info.state != "running" else None
+
+        await poll(unlisted_by_e2b, what="E2B to stop listing `true`")
         assert pid in {p.pid for p in await sbx.commands.list()}
         gate.set()
-        deadline = asyncio.get_running_loop().time() + 10
-        while (info := await sbx.commands.get(pid)).state == "running":
-            assert asyncio.get_running_loop().time() < deadline, info
-            await asyncio.sleep(0.02)  # sleep-ok: polling with a deadline
+        info = await poll(ended, what="the tap to record the end")
         assert info.exit_code == 0
     finally:
         gate.set()
