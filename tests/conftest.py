@@ -175,18 +175,18 @@ def _standby(p: psutil.Process) -> bool:
 _LAUNCHER = re.compile(r"/proc/self/fd/\d+")
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (pyproject's addopts): a module's tests run on one worker, in
     order, beside its module-scoped daemons (as without xdist); every browser test goes
     to one worker, where they share one JupyterLab (``jupyter``) — two at once would load
     2 cores with two servers and two Chromiums.
 
-    Not so on pytest 9.2 with xdist 3.8: xdist marks a group in the node id, which pytest
-    9.2 no longer takes (pytest-xdist issue 1386), so the tests are spread one by one and
-    each worker may start its own JupyterLab. Grouping them again by module (a scheduler
-    of this file's) was tried: a load-sensitive test of the fault lab failed in the first
-    full run (``tests/test_notebook_dashboard.py``, the blocking policy's stall within its
-    1 s deadline), so the suite keeps the spread it has passed with until that is done."""
+    xdist groups tests by a suffix it adds to their ids (``@group``) in a hook of its own
+    on each worker, from the marks it finds then: this hook runs first, or the marks come
+    too late and nothing is grouped. pytest 9.2 no longer takes the suffix (pytest-xdist
+    issue 1386): pyproject keeps pytest below 9.2 until xdist passes groups another way.
+    ``tests/test_suite.py`` fails if the groups are lost."""
     for item in items:
         group = "browser" if item.get_closest_marker("browser") else item.nodeid.split("::")[0]
         item.add_marker(pytest.mark.xdist_group(group))
