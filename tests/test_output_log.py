@@ -26,6 +26,7 @@ from sandboxkit.daemon.host import Host
 from sandboxkit.daemon.output_log import Chunk, Gap, OutputLog
 from sandboxkit.daemon.process import ManagedProcess, ProcessSpec
 from sandboxkit.daemon.sandbox import ManagedSandbox
+from sandboxkit.daemon.segment_store import SegmentStore
 from sandboxkit.wire import Frame, FrameDecoder, FrameKind, encode_frame_head
 
 _BIG = 10**9  # a retention nothing in these tests reaches
@@ -342,6 +343,39 @@ async def test_wait_is_woken_by_append() -> None:
     assert await asyncio.wait_for(fourth, 1) is True
 
 
+async def test_readers_woken_by_an_append_run_before_the_log_writes_to_disk(
+    tmp_path: Path,
+) -> None:
+    """The segment store's work for a chunk (its CRC, its buffering, now and then a file
+    write) waits until the readers that the next append woke have had their turn: it is
+    not on the way from a process's write to its readers' sockets (P3,
+    docs/performance.md)."""
+    log = OutputLog(1 << 20, directory=tmp_path / "log", cache_bytes=1 << 20)
+    order: list[str] = []
+    write = SegmentStore.write
+
+    def recorded(store: SegmentStore, chunk: Any, cost: int) -> None:
+        order.append(f"write {chunk.seq}")
+        write(store, chunk, cost)
+
+    async def reader(cursor: int) -> None:
+        assert await log.wait(cursor, 5)
+        order.append(f"read {cursor}")
+
+    with mock.patch.object(SegmentStore, "write", recorded):
+        log.append("stdout", b"a")  # the newest stays unwritten: it may still be extended
+        task = asyncio.create_task(reader(1))
+        await _blocked(task)
+        log.append("stderr", b"b")  # now chunk 0 is written: after the reader's turn
+        await task
+        await asyncio.sleep(0)
+        assert order == ["read 1", "write 0"]
+        log.finish(0)  # the end writes the rest at once
+        assert order == ["read 1", "write 0", "write 1"]
+    assert log.read(0, 100)[1][0].data == b"a" and log.read(1, 100)[1][0].data == b"b"
+    log.close()
+
+
 @pytest.mark.timeout(10)
 async def test_wait_is_woken_by_finish() -> None:
     log = OutputLog(_BIG)
@@ -610,6 +644,7 @@ def _disk_full(fd: int, parts: list[bytes]) -> None:
     appends=_appends,
     max_bytes=st.integers(1, 150),
     disk_full_after=st.none() | st.integers(0, 40),
+    turns=st.none() | st.integers(1, 4),
 )
 def test_on_disk_every_cursor_accounts_for_every_byte(
     retention: int,
@@ -617,46 +652,71 @@ def test_on_disk_every_cursor_accounts_for_every_byte(
     appends: list[tuple[str, bytes]],
     max_bytes: int,
     disk_full_after: int | None,
+    turns: int | None,
 ) -> None:
+    """``turns``: appended in a running event loop, which turns once every ``turns``
+    appends (the store is written after the readers' turn: read before that too)."""
     with tempfile.TemporaryDirectory() as tmp:
         log = OutputLog(retention, directory=Path(tmp) / "log", cache_bytes=cache)
-        if disk_full_after is None:
+        if turns is not None:
+            datas = asyncio.run(_fill_in_turns(log, appends, turns, retention, max_bytes))
+        elif disk_full_after is None:
             datas = _fill(log, appends)
         else:  # the disk refuses writes from then on: still every byte accounted for
             datas = _fill(log, appends[:disk_full_after])
             with mock.patch.object(segment_store, "_write_all", _disk_full):
                 datas += _fill_more(log, appends[disk_full_after:], len(datas))
-        offsets = [sum(len(d) for d in datas[:i]) for i in range(len(datas) + 1)]
-        assert log.total_bytes == offsets[-1]
         assert log.retained_bytes <= retention or log.first_seq == log.head - 1
-        assert log.retained_bytes + log.evicted_bytes == log.total_bytes
-        for start in range(log.head + 1):
-            assert log.offset_of(start) == offsets[start]
-            gap, chunks = log.read(start, max_bytes)
-            lost = 0
-            if start < log.first_seq:
-                assert gap == Gap(start, log.first_seq, offsets[log.first_seq] - offsets[start])
-                lost = gap.bytes_lost
-            else:
-                assert gap is None
-            received = b""
-            seq = max(start, log.first_seq)
-            while chunks:
-                for chunk in chunks:
-                    assert (chunk.seq, chunk.offset) == (seq, offsets[seq])
-                    assert chunk.stream == appends_streams(appends)[seq]
-                    (frame,) = FrameDecoder().feed(chunk.frame)
-                    assert frame.payload == chunk.data and frame.meta["ts"] == chunk.ts
-                    assert log.ts_of(seq) == chunk.ts
-                    received += chunk.data
-                    seq += 1
-                gap, chunks = log.read(seq, max_bytes)
-                assert gap is None
-            assert seq == log.head
-            assert received == b"".join(datas[max(start, log.first_seq) :])
-            assert lost + len(received) == offsets[-1] - offsets[start]
+        _every_cursor(log, appends, datas, max_bytes)
         log.close()
         assert not (Path(tmp) / "log").exists()
+
+
+async def _fill_in_turns(
+    log: OutputLog, appends: list[tuple[str, bytes]], turns: int, retention: int, max_bytes: int
+) -> list[bytes]:
+    datas: list[bytes] = []
+    for i, (stream, data) in enumerate(appends, 1):
+        datas += _fill_more(log, [(stream, data)], len(datas))
+        if i % turns == 0:
+            await asyncio.sleep(0)
+            assert log.retained_bytes <= retention or log.first_seq == log.head - 1
+    _every_cursor(log, appends, datas, max_bytes)  # (with chunks not yet written)
+    await asyncio.sleep(0)
+    return datas
+
+
+def _every_cursor(
+    log: OutputLog, appends: list[tuple[str, bytes]], datas: list[bytes], max_bytes: int
+) -> None:
+    offsets = [sum(len(d) for d in datas[:i]) for i in range(len(datas) + 1)]
+    assert log.total_bytes == offsets[-1]
+    assert log.retained_bytes + log.evicted_bytes == log.total_bytes
+    for start in range(log.head + 1):
+        assert log.offset_of(start) == offsets[start]
+        gap, chunks = log.read(start, max_bytes)
+        lost = 0
+        if start < log.first_seq:
+            assert gap == Gap(start, log.first_seq, offsets[log.first_seq] - offsets[start])
+            lost = gap.bytes_lost
+        else:
+            assert gap is None
+        received = b""
+        seq = max(start, log.first_seq)
+        while chunks:
+            for chunk in chunks:
+                assert (chunk.seq, chunk.offset) == (seq, offsets[seq])
+                assert chunk.stream == appends_streams(appends)[seq]
+                (frame,) = FrameDecoder().feed(chunk.frame)
+                assert frame.payload == chunk.data and frame.meta["ts"] == chunk.ts
+                assert log.ts_of(seq) == chunk.ts
+                received += chunk.data
+                seq += 1
+            gap, chunks = log.read(seq, max_bytes)
+            assert gap is None
+        assert seq == log.head
+        assert received == b"".join(datas[max(start, log.first_seq) :])
+        assert lost + len(received) == offsets[-1] - offsets[start]
 
 
 def _fill_more(log: OutputLog, appends: list[tuple[str, bytes]], seq: int) -> list[bytes]:

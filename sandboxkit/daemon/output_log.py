@@ -3,17 +3,18 @@ append-only segment files with the newest chunks cached in memory."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 import time
-from array import array
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
 from sandboxkit.daemon import heap
 from sandboxkit.daemon.chunks import CHUNK_OVERHEAD, Chunk, Gap
 from sandboxkit.daemon.file_span import SPAN_MIN, FileSpan
+from sandboxkit.daemon.log_offsets import EvictedOffsets, ReadEnds
 from sandboxkit.daemon.log_waiters import Waiters
 from sandboxkit.daemon.segment_store import (
     INDEX_RECORD,
@@ -39,11 +40,6 @@ OnDegraded = Callable[[str, OSError], None]
 """Told when the log loses output to the disk: ``(reason, error)``; ``reason`` is
 ``disk_error`` (the disk refused: the log goes on in memory) or ``segment_damaged`` (a
 segment no longer held what was written: it and older output are given up)."""
-
-_READ_ENDS = 128
-"""Where the last reads of a log on disk ended (seq, offset: ~100 bytes each), remembered
-so that a reader coming back there gets an exact gap even when the index that says where
-its cursor is was the damaged part."""
 
 
 DEFAULT_CACHE_BYTES = 1 << 20
@@ -137,18 +133,13 @@ class OutputLog:
         self.ended = False
         self.exit_code: int | None = None
         self.ended_at: float | None = None
-        # In memory: offsets of evicted chunks, so a gap can say how many bytes it lost:
-        # 8 bytes each, the newest ``_evicted_keep`` of them (at least), trimmed in
-        # amortised O(1), so the index costs at most an eighth of the retention at the
-        # default (older cursors: see offset_of).
-        self._evicted_offsets = array("q")
-        self._evicted_keep = max(16_384, retention_bytes // 128)
+        self._evicted_offsets = EvictedOffsets(max(16_384, retention_bytes // 128))
         self._limit = retention_bytes
         self.directory = Path(directory) if directory is not None else None
         self.disk_error: OSError | None = None
         """Why the log stopped writing to disk, if it did (then it goes on in memory)."""
         self._on_degraded = on_degraded
-        self._read_ends: OrderedDict[int, int] = OrderedDict()
+        self._read_ends = ReadEnds()
         self.zero_copy: Callable[[], bool] | None = None
         """Set by the owner: tells, when asked, whether no sandboxed process can reach
         the files now; then readers get :meth:`read_span` (see :mod:`.file_span`)."""
@@ -156,7 +147,7 @@ class OutputLog:
         self._memory_from = 0
         # On disk: chunks ``head - 1`` and older are in the store once its ``written``
         # passed them (the newest stays out until the next chunk or the end: it may still
-        # be extended, see ``coalesce``).
+        # be extended, see ``coalesce``; and see _write_behind).
         self._store: SegmentStore | None = None
         if self.directory is not None:
             try:
@@ -231,7 +222,7 @@ class OutputLog:
     def memory_bytes(self) -> int:
         """What the log holds in memory: its cached frames with their objects, and its
         bookkeeping (on disk, the rest lives in files and the page cache)."""
-        size = self._cache_cost + self._evicted_offsets.itemsize * len(self._evicted_offsets)
+        size = self._cache_cost + self._evicted_offsets.nbytes
         return size + (self._store.memory_bytes if self._store is not None else 0)
 
     # -- writing --------------------------------------------------------------------------
@@ -253,7 +244,6 @@ class OutputLog:
             assert last is not None
             chunk = self._extend(last, data)
         else:
-            self._write_newest()
             ts = time.time()
             meta = {"seq": self._head, "stream": stream, "offset": self._total, "ts": ts}
             head = encode_frame_head(FrameKind.DATA, meta, len(data))
@@ -267,6 +257,7 @@ class OutputLog:
             self._cache_cost += chunk.frame_size + CHUNK_OVERHEAD
         self._total += len(data)
         self._retained += len(data)
+        loop = None if extend else self._write_behind()
         if self._on_disk:
             self._evict_segments()
             self._trim_cache()
@@ -275,6 +266,8 @@ class OutputLog:
         if not extend:
             # (An extended chunk's readers were woken when it was first appended.)
             self._wake()
+            if loop is not None:  # after the readers' turn, which the wake just queued
+                loop.call_soon(self._written_behind)
         return chunk
 
     def _extend(self, last: Chunk, data: bytes) -> Chunk:
@@ -301,16 +294,15 @@ class OutputLog:
             self._cost -= self._charge(old)
             self._cache_cost -= old.frame_size + CHUNK_OVERHEAD
             self._evicted_bytes += old.size
-            self._evicted_offsets.append(old.offset)
+            self._evicted_offsets.add(old.offset)
             self._first_seq = self._cache_first = old.seq + 1
-        if len(self._evicted_offsets) > 2 * self._evicted_keep:
-            del self._evicted_offsets[: len(self._evicted_offsets) - self._evicted_keep]
+        self._evicted_offsets.trim()
 
     def finish(self, exit_code: int) -> None:
         """Mark the log complete with the process's exit code (idempotent)."""
         if self.ended:
             return
-        self._write_newest()
+        self._write_up_to(self._head)
         if self._flush() and self._store is not None:
             self._store.close_files()
         self.exit_code = exit_code
@@ -322,7 +314,7 @@ class OutputLog:
         """Empty the in-memory cache (the output stays readable from disk); returns the
         bytes it freed. No-op for a log kept in memory."""
         self._read_horizon = self._head  # the newest chunk goes to disk: no longer extended
-        self._write_newest()
+        self._write_up_to(self._head)
         self._flush()
         if not self._on_disk:
             return 0
@@ -344,7 +336,7 @@ class OutputLog:
         freed = self.memory_bytes
         self._cache.clear()
         self._cache_cost = 0
-        self._evicted_offsets = array("q")
+        self._evicted_offsets.clear()
         self._evicted_bytes += self._retained
         self._retained = self._cost = 0
         self._first_seq = self._cache_first = self._head
@@ -355,14 +347,33 @@ class OutputLog:
 
     # -- on disk: the segment store ----------------------------------------------------
 
-    def _write_newest(self) -> None:
-        """Put the newest chunk, if not yet written, into the store (buffered)."""
-        store = self._on_disk_store()
-        if store is None or store.written >= self._head:
-            return
-        chunk = self._cache[-1]
+    def _write_behind(self) -> asyncio.AbstractEventLoop | None:
+        """The loop to put the chunks before the newest into the store on, once the
+        readers an append woke had their turn (their CRC and buffering are then not on
+        the way to the readers' sockets: P3, docs/performance.md); ``None``: none, or
+        written now (outside a loop). The cache holds them meanwhile (_trim_cache)."""
         try:
-            store.write(chunk, self._charge(chunk))
+            return asyncio.get_running_loop() if self._on_disk else None
+        except RuntimeError:
+            self._write_up_to(self._head - 1)
+            return None
+
+    def _written_behind(self) -> None:
+        self._write_up_to(self._head - 1)
+        if self._on_disk:
+            self._evict_segments()
+            self._trim_cache()
+
+    def _write_up_to(self, end: int) -> None:
+        """Put the cached chunks before ``end`` not yet in the store into it, in order."""
+        store = self._on_disk_store()
+        if store is None:
+            return
+        cache, first = self._cache, self._cache_first
+        try:
+            while store.written < end:
+                chunk = cache[store.written - first]
+                store.write(chunk, self._charge(chunk))
         except OSError as exc:
             self._to_memory(exc)
 
@@ -445,6 +456,8 @@ class OutputLog:
         assert store is not None
         while self._cache_cost > self.cache_bytes and len(self._cache) > 1:
             old = self._cache[0]
+            if old.seq >= store.written:  # (not the newest: at least two are cached)
+                self._write_up_to(self._head - 1)
             if old.seq >= store.flushed and not self._flush():
                 return  # it failed: the cache is the log now (see _to_memory)
             self._cache.popleft()
@@ -482,9 +495,9 @@ class OutputLog:
         if seq >= self._cache_first and self._cache:
             return self._cache[seq - self._cache_first].offset
         if seq >= self._memory_from:
-            index = seq - (self._first_seq - len(self._evicted_offsets))
-            if index >= 0 or self._store is None:
-                return self._evicted_offsets[index] if index >= 0 else 0
+            offset = self._evicted_offsets.get(seq, self._first_seq)
+            if offset is not None or self._store is None:
+                return offset or 0
         end = self._read_ends.get(seq)
         if end is not None:  # (exact, whatever became of the index on disk)
             return end
@@ -506,8 +519,7 @@ class OutputLog:
             try:
                 size = self._store.read(cursor, self._cache_first, max_bytes, chunks, size, Chunk)
             except SegmentDamaged as exc:
-                # Not what was written (shrunk, overwritten): that segment and the older
-                # ones are lost, and said so with an exact gap.
+                # Not what was written (shrunk, overwritten): it and older ones are a gap.
                 self._give_up(exc.segment, exc)
                 return self.read(asked, max_bytes)
             except OSError as exc:
@@ -517,7 +529,7 @@ class OutputLog:
                 return self.read(asked, max_bytes)
             if chunks and chunks[-1].seq + 1 < self._cache_first:
                 self._read_horizon = max(self._read_horizon, chunks[-1].seq + 1)
-                self._ended_at(chunks[-1].seq + 1, chunks[-1].offset + chunks[-1].size)
+                self._read_ends.add(chunks[-1].seq + 1, chunks[-1].offset + chunks[-1].size)
                 return gap, chunks
             cursor += len(chunks)
         index = cursor - self._cache_first
@@ -532,7 +544,7 @@ class OutputLog:
         if chunks:
             self._read_horizon = max(self._read_horizon, chunks[-1].seq + 1)
             if self._store is not None:
-                self._ended_at(chunks[-1].seq + 1, chunks[-1].offset + chunks[-1].size)
+                self._read_ends.add(chunks[-1].seq + 1, chunks[-1].offset + chunks[-1].size)
         return gap, chunks
 
     def read_span(self, cursor: int, max_bytes: int) -> tuple[Gap | None, FileSpan] | None:
@@ -557,7 +569,7 @@ class OutputLog:
         if span is None:
             return None
         self._read_horizon = max(self._read_horizon, span.end_seq)
-        self._ended_at(span.end_seq, span.end_offset)
+        self._read_ends.add(span.end_seq, span.end_offset)
         return gap, span
 
     def _gap(self, cursor: int) -> Gap | None:
@@ -570,12 +582,6 @@ class OutputLog:
         cache, first = self._cache, self._cache_first
         end = cache[store.flushed - first].offset if store.flushed < self._head else self._total
         return end - cache[cursor - first].offset < SPAN_MIN
-
-    def _ended_at(self, seq: int, offset: int) -> None:
-        ends = self._read_ends
-        ends[seq] = offset
-        if len(ends) > _READ_ENDS:
-            ends.popitem(last=False)
 
     async def wait(self, cursor: int, timeout: float | None) -> bool:
         """Wait until chunk ``cursor`` exists or the log ends; ``False`` on timeout."""
