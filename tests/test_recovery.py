@@ -5,6 +5,7 @@ records that it did — under either freezer."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -118,6 +119,21 @@ def test_next_daemon_kills_what_a_sigkilled_daemon_left(tmp_path: Path, freezer:
             os.kill(pid, signal.SIGKILL)
 
 
+def _left_in(dirs: list[Path]) -> list[tuple[str, list[str]]]:
+    """What is left of ``dirs`` (v1 cgroups): each, with the processes still in it (pid,
+    state, argv), for a failure to say what kept it."""
+    left = []
+    for d in dirs:
+        if d.exists():
+            members = []
+            for pid in cgroup_pids(d):
+                with contextlib.suppress(psutil.Error):
+                    proc = psutil.Process(pid)
+                    members.append(f"{pid} {proc.status()} {' '.join(proc.cmdline())[:120]}")
+            left.append((str(d), members))
+    return left
+
+
 def _argv0(pid: int) -> str:
     try:
         return str((psutil.Process(pid).cmdline() or [""])[0])
@@ -155,7 +171,7 @@ def test_next_daemon_removes_a_sigkilled_daemons_v1_limit_cgroups(tmp_path: Path
             wait_until(
                 lambda: not any(d.parent.exists() for d in dirs),
                 what="the dead daemon's v1 cgroups to go",
-                info=lambda: [d for d in dirs if d.parent.exists()],
+                info=lambda: _left_in(dirs),
             )
     finally:
         for pid in _marked(marker):
