@@ -29,6 +29,7 @@ import contextlib
 import logging
 import os
 import re
+import signal
 import time
 from pathlib import Path
 from typing import Any, Final
@@ -39,6 +40,7 @@ from sandboxkit.daemon.freezer.daemon_cgroup import (
     defer_removal,
     is_daemon_cgroup_name,
 )
+from sandboxkit.daemon.freezer.proc import send_verified
 from sandboxkit.daemon.launch import wrapper
 from sandboxkit.limits import Limits
 
@@ -203,6 +205,9 @@ def _enable_v2(parent: Path, controller: str) -> bool:
 
 _V1_CONTROLLERS: Final = ("memory", "pids", "cpu")
 _V1_EMPTY_WAIT: Final = 2.0
+_V1_LEAVE_WAIT: Final = 0.2
+"""How long the processes a successor just killed get to leave before what is left is
+killed here (SIGKILLed processes leave in milliseconds)."""
 _V1_CLOSE_WAIT: Final = 0.5
 
 
@@ -249,12 +254,16 @@ def release_v1_daemon_dirs() -> None:
 
 
 def reap_v1_cgroup(path: Path) -> dict[str, Any] | None:
-    """Remove a dead daemon's v1 limit cgroup ``path`` and its sandboxes' below it, once
-    the processes in them are gone (the successor has just ended them through the v2
-    cgroup or their owner marks; they are waited for, up to 2 s, never killed from here);
-    a report, or None if there was nothing (blocking). ``path`` comes from a file on disk,
-    so it is taken only if it is what a daemon makes: a ``sandboxkit-<pid>-<random>``
-    directory in one of the v1 hierarchies limits use."""
+    """Remove a dead daemon's v1 limit cgroup ``path`` and its sandboxes' below it, killing
+    what is still in them; a report, or None if there was nothing (blocking).
+
+    The successor has just ended the dead daemon's processes through its v2 cgroup or
+    their owner marks: they are given a moment to leave. What stays had dropped its mark
+    (a sandboxed process owns its environment: ``env -i``) or joined after the successor
+    looked (spawned just before the daemon died), and nothing leaves a cgroup: each is
+    killed through a pidfd checked to be still in it, as in a v2 cgroup (``reap_cgroup``).
+    ``path`` comes from a file on disk, so it is taken only if it is what a daemon makes: a
+    ``sandboxkit-<pid>-<random>`` directory in one of the v1 hierarchies limits use."""
     if (
         not path.is_absolute()
         or ".." in path.parts
@@ -264,10 +273,20 @@ def reap_v1_cgroup(path: Path) -> dict[str, Any] | None:
         or not path.is_dir()
     ):
         return None
-    deadline = time.monotonic() + _V1_EMPTY_WAIT
-    while cgroup_pids(path) and time.monotonic() < deadline:
+    start = time.monotonic()
+    killed: set[int] = set()
+    while not (removed := rmdir_tree(path)) and time.monotonic() - start < _V1_EMPTY_WAIT:
+        if time.monotonic() - start >= _V1_LEAVE_WAIT:
+            for pid in cgroup_pids(path):
+                if send_verified(pid, signal.SIGKILL, lambda p: p in cgroup_pids(path)):
+                    killed.add(pid)
         time.sleep(0.005)  # sleep-ok: killed processes leave a cgroup asynchronously
-    return {"found": "cgroup-v1", "cgroup": str(path), "cgroup_removed": rmdir_tree(path)}
+    return {
+        "found": "cgroup-v1",
+        "cgroup": str(path),
+        "processes_killed": len(killed),
+        "cgroup_removed": removed,
+    }
 
 
 def _counter(path: Path, key: str) -> int:
