@@ -135,11 +135,12 @@ def _left_in(dirs: list[Path]) -> list[tuple[str, list[str]]]:
     return left
 
 
-def _argv0(pid: int) -> str:
-    try:
-        return str((psutil.Process(pid).cmdline() or [""])[0])
-    except psutil.Error:
-        return ""
+def _running(argv: list[str]) -> int | None:
+    """The live process running exactly ``argv``, if one does."""
+    for proc in psutil.process_iter(["cmdline"]):
+        if proc.info.get("cmdline") == argv and alive(proc.pid):
+            return proc.pid
+    return None
 
 
 @pytest.mark.slow
@@ -148,7 +149,8 @@ def _argv0(pid: int) -> str:
 def test_next_daemon_removes_a_sigkilled_daemons_v1_limit_cgroups(tmp_path: Path) -> None:
     """On a hybrid host a root daemon holds a sandbox's limits in v1 cgroups of its own;
     the successor that reaps its processes removes those too (they are named in the dead
-    daemon's root lock, as its v2 cgroup is)."""
+    daemon's root lock, as its v2 cgroup is), killing what its owner marks miss there: a
+    process that left the sandbox's parentage and sessions and dropped its mark."""
     marker = f"{secrets.randbelow(10**6) + 10**6}"
     try:
         with served(tmp_path, "--freezer", "signals") as dead:
@@ -157,11 +159,14 @@ def test_next_daemon_removes_a_sigkilled_daemons_v1_limit_cgroups(tmp_path: Path
                 info = http.get(f"/sandboxes/{sid}").json()
                 if info["limits_enforced"].get("pids") != "cgroup-v1":
                     pytest.skip(f"no v1 pids cgroup here: {info['limits_enforced']}")
-                cmd = {"cmd": f"exec sleep {marker}"}
+                escape = f"(setsid env -i sleep {marker}9 >/dev/null 2>&1 &)"
+                cmd = {"cmd": f"{escape}; exec sleep {marker}"}
                 assert http.post(f"/sandboxes/{sid}/processes", json=cmd).is_success
-                # The sleep itself (its wrapper, which joins the cgroups first, execs it).
-                (sleeper,) = wait_until(
-                    lambda: [p for p in _marked(marker) if _argv0(p) == "sleep"], what="the sleep"
+                # The sleep itself (its wrapper, which joins the cgroups first, execs it),
+                # and the one without a mark, below init, in a session of its own.
+                sleeper, unmarked = (
+                    wait_until(lambda a=arg: _running(["sleep", a]), what=f"sleep {arg}")
+                    for arg in (marker, f"{marker}9")
                 )
             dirs = daemon_cgroups(Path(f"/proc/{sleeper}/cgroup").read_text(), v2=False)
             assert dirs and all(d.is_dir() for d in dirs)
@@ -169,6 +174,7 @@ def test_next_daemon_removes_a_sigkilled_daemons_v1_limit_cgroups(tmp_path: Path
             dead.proc.wait(10)
         with DaemonServer(fast_config()):
             wait_until(lambda: not alive(sleeper), what="the successor to end the sleep")
+            wait_until(lambda: not alive(unmarked), what="the successor to end the unmarked")
             wait_until(
                 lambda: not any(d.parent.exists() for d in dirs),
                 what="the dead daemon's v1 cgroups to go",
