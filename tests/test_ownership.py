@@ -30,7 +30,7 @@ from freezer_support import alive, cli_env
 from support import root_unlocked, wait_until
 
 from sandboxkit.daemon.freezer import cgroup_v2_available
-from sandboxkit.daemon.freezer.cgroupfs import cgroup2_mount, cgroup_base
+from sandboxkit.daemon.freezer.cgroupfs import cgroup2_mount, cgroup_base, cgroup_pids, rmdir_tree
 from sandboxkit.daemon.recovery import LOCK_FILE
 
 pytestmark = [
@@ -387,3 +387,65 @@ def test_a_dead_daemons_marked_processes_are_reaped_only_for_its_own_user() -> N
         for proc in procs.values():
             proc.kill()
             proc.wait(10)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.skipif(cgroup2_mount() is None, reason="no cgroup2 hierarchy")
+def test_a_cgroup_member_outside_this_pid_namespace_is_never_a_pid_to_signal() -> None:
+    """cgroup v2 lists a member that has no pid in the reader's PID namespace as pid 0,
+    and 0 given to kill() is the caller's own process group: a daemon in a container
+    reaping its dead predecessor's cgroup (on a kernel without ``cgroup.kill``) would
+    have killed itself. The cgroup's pids, read from a new PID namespace, leave it out."""
+    mount = cgroup2_mount()
+    assert mount is not None
+    script = (
+        "from pathlib import Path; from sandboxkit.daemon.freezer.cgroupfs import cgroup_pids; "
+        f"print(sorted(cgroup_pids(Path({str(mount)!r})))[:3])"
+    )
+    read = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=True,
+    )
+    # Seen from there, the hierarchy's processes are this namespace's few, all above 0.
+    pids = json.loads(read.stdout)
+    assert pids and all(pid > 0 for pid in pids), read.stdout
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.skipif(not cgroup_v2_available(), reason="no cgroup v2 freezer")
+def test_a_dead_daemons_cgroup_is_emptied_of_members_this_pid_namespace_cannot_see() -> None:
+    """A successor in a container (a PID namespace of its own) reaps a dead daemon's cgroup
+    whose members it has no pids for: they are killed all the same (``cgroup.kill``), and
+    the cgroup removed."""
+    base = cgroup_base()
+    assert base is not None
+    # Named as a daemon's cgroup, for a pid past the kernel's pid_max: no daemon's.
+    path = base / f"sandboxkit-{2**22 + 1}-{secrets.token_hex(4)}"
+    sandbox = path / "sb-outside"
+    sandbox.mkdir(parents=True)
+    member = subprocess.Popen(
+        ["/bin/sh", "-c", f'echo $$ > "{sandbox}/cgroup.procs" && exec sleep 60']
+    )
+    try:
+        wait_until(lambda: member.pid in cgroup_pids(path), what="the member in the cgroup")
+        script = (
+            "import json; from pathlib import Path; "
+            "from sandboxkit.daemon.freezer.daemon_cgroup import reap_cgroup; "
+            f"print(json.dumps(reap_cgroup(Path({str(path)!r}))))"
+        )
+        reaped = subprocess.run(
+            ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        )
+        assert json.loads(reaped.stdout)["cgroup_removed"] is True, reaped.stdout
+        assert member.wait(5) == -signal.SIGKILL
+    finally:
+        member.kill()
+        member.wait()
+        rmdir_tree(path)

@@ -81,11 +81,14 @@ def read_events(cgdir: Path) -> dict[str, str]:
 
 
 def cgroup_pids(root: Path) -> set[int]:
-    """Every pid in ``root``'s ``cgroup.procs`` and those of the cgroups below it."""
+    """Every pid in ``root``'s ``cgroup.procs`` and those of the cgroups below it. A member
+    with no pid in this PID namespace, which cgroup v2 lists as 0, is left out: it cannot
+    be signalled from here, and 0 given to ``kill()`` is this process's own group."""
     pids: set[int] = set()
     for dirpath, _dirs, _files in os.walk(root):
         with contextlib.suppress(OSError, ValueError):
             pids.update(int(tok) for tok in Path(dirpath, "cgroup.procs").read_text().split())
+    pids.discard(0)
     return pids
 
 

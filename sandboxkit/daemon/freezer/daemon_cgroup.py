@@ -41,6 +41,7 @@ from sandboxkit.daemon.freezer.cgroupfs import (
     cgroup2_mount,
     cgroup_base,
     cgroup_pids,
+    read_events,
     rmdir_tree,
 )
 
@@ -154,7 +155,10 @@ def _empty(root: Path, timeout: float) -> int:
     while True:
         pids = cgroup_pids(root)
         found |= pids
-        if not pids or time.monotonic() >= deadline:
+        # Populated, not pids: a member with no pid in this PID namespace (a successor in
+        # a container) is killed by cgroup.kill all the same.
+        populated = read_events(root).get("populated", "1" if pids else "0") == "1"
+        if not populated or time.monotonic() >= deadline:
             return len(found)
         try:
             (root / "cgroup.kill").write_text("1")  # Linux 5.14+: the whole subtree at once
