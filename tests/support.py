@@ -5,18 +5,20 @@ daemon settings the suite runs with, and a child process's environment."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import inspect
 import os
+import secrets
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from sandboxkit.daemon.config import DaemonConfig
-from sandboxkit.daemon.freezer.cgroupfs import cgroup2_mount
+from sandboxkit.daemon.freezer.cgroupfs import cgroup2_mount, cgroup_pids, rmdir_tree
 from sandboxkit.daemon.isolation import ISOLATION_ENV
 from sandboxkit.daemon.process import ManagedProcess
 from sandboxkit.daemon.recovery import LOCK_FILE
@@ -232,3 +234,24 @@ def daemon_cgroups(proc_cgroup: str, *, v2: bool = True) -> list[Path]:
         for controller in sorted({"memory", "pids", "cpu"} & set(controllers.split(","))):
             found.append(Path("/sys/fs/cgroup", controller) / path.lstrip("/"))
     return found
+
+
+@contextlib.contextmanager
+def dead_daemons_cgroup(
+    base: Path, sandbox: str, command: str = "exec sleep 60"
+) -> Iterator[tuple[Path, subprocess.Popen[bytes]]]:
+    """A cgroup named as a daemon's below ``base`` (for a pid past the kernel's pid_max: no
+    daemon's, so none alive), with a sandbox's cgroup ``sandbox`` in it and a process that
+    joined that and runs ``command`` (a shell command); yields the cgroup and the process,
+    which is killed and the cgroups removed afterwards."""
+    path = base / f"sandboxkit-{2**22 + 1}-{secrets.token_hex(4)}"
+    joined = path / sandbox
+    joined.mkdir(parents=True)
+    member = subprocess.Popen(["/bin/sh", "-c", f'echo $$ > "{joined}/cgroup.procs" && {command}'])
+    try:
+        wait_until(lambda: member.pid in cgroup_pids(path), what="the member in the cgroup")
+        yield path, member
+    finally:
+        member.kill()
+        member.wait()
+        rmdir_tree(path)

@@ -27,10 +27,10 @@ import httpx
 import psutil
 import pytest
 from freezer_support import alive, cli_env
-from support import root_unlocked, wait_until
+from support import dead_daemons_cgroup, root_unlocked, wait_until
 
 from sandboxkit.daemon.freezer import cgroup_v2_available
-from sandboxkit.daemon.freezer.cgroupfs import cgroup2_mount, cgroup_base, cgroup_pids, rmdir_tree
+from sandboxkit.daemon.freezer.cgroupfs import cgroup2_mount, cgroup_base
 from sandboxkit.daemon.recovery import LOCK_FILE
 
 pytestmark = [
@@ -398,20 +398,9 @@ def test_a_cgroup_member_outside_this_pid_namespace_is_never_a_pid_to_signal() -
     have killed itself. The cgroup's pids, read from a new PID namespace, leave it out."""
     mount = cgroup2_mount()
     assert mount is not None
-    script = (
-        "from pathlib import Path; from sandboxkit.daemon.freezer.cgroupfs import cgroup_pids; "
-        f"print(sorted(cgroup_pids(Path({str(mount)!r})))[:3])"
-    )
-    read = subprocess.run(
-        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=20,
-        check=True,
-    )
-    # Seen from there, the hierarchy's processes are this namespace's few, all above 0.
-    pids = json.loads(read.stdout)
-    assert pids and all(pid > 0 for pid in pids), read.stdout
+    pids = _in_a_new_pid_namespace("sandboxkit.daemon.freezer.cgroupfs", "cgroup_pids", mount)
+    # Seen from there, the hierarchy's processes are that namespace's few, all above 0.
+    assert pids and all(pid > 0 for pid in pids), pids
 
 
 @pytest.mark.timeout(30)
@@ -422,30 +411,26 @@ def test_a_dead_daemons_cgroup_is_emptied_of_members_this_pid_namespace_cannot_s
     the cgroup removed."""
     base = cgroup_base()
     assert base is not None
-    # Named as a daemon's cgroup, for a pid past the kernel's pid_max: no daemon's.
-    path = base / f"sandboxkit-{2**22 + 1}-{secrets.token_hex(4)}"
-    sandbox = path / "sb-outside"
-    sandbox.mkdir(parents=True)
-    member = subprocess.Popen(
-        ["/bin/sh", "-c", f'echo $$ > "{sandbox}/cgroup.procs" && exec sleep 60']
-    )
-    try:
-        wait_until(lambda: member.pid in cgroup_pids(path), what="the member in the cgroup")
-        script = (
-            "import json; from pathlib import Path; "
-            "from sandboxkit.daemon.freezer.daemon_cgroup import reap_cgroup; "
-            f"print(json.dumps(reap_cgroup(Path({str(path)!r}))))"
-        )
-        reaped = subprocess.run(
-            ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", script],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=True,
-        )
-        assert json.loads(reaped.stdout)["cgroup_removed"] is True, reaped.stdout
+    with dead_daemons_cgroup(base, "sb-outside") as (path, member):
+        daemon_cgroup = "sandboxkit.daemon.freezer.daemon_cgroup"
+        report = _in_a_new_pid_namespace(daemon_cgroup, "reap_cgroup", path)
+        assert report["cgroup_removed"] is True, report
         assert member.wait(5) == -signal.SIGKILL
-    finally:
-        member.kill()
-        member.wait()
-        rmdir_tree(path)
+
+
+def _in_a_new_pid_namespace(module: str, function: str, path: Path) -> Any:
+    """``function(path)`` of ``module``, called by a Python in a PID namespace of its own
+    (``unshare --pid``, as a daemon in a container sees the host): its result, as JSON."""
+    script = (
+        f"import json; from pathlib import Path; from {module} import {function}; "
+        f"r = {function}(Path({str(path)!r})); "
+        "print(json.dumps(sorted(r) if isinstance(r, set) else r))"
+    )
+    done = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=True,
+    )
+    return json.loads(done.stdout)

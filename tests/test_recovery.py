@@ -16,10 +16,10 @@ import httpx
 import psutil
 import pytest
 from freezer_support import alive, served
-from support import daemon_cgroups, fast_config, wait_until
+from support import daemon_cgroups, dead_daemons_cgroup, fast_config, wait_until
 
 from sandboxkit.daemon.freezer import cgroup_v2_available, daemon_cgroup
-from sandboxkit.daemon.freezer.cgroupfs import cgroup_base, cgroup_pids, rmdir_tree
+from sandboxkit.daemon.freezer.cgroupfs import cgroup_base, cgroup_pids
 from sandboxkit.daemon.limits import reap_v1_cgroup
 from sandboxkit.daemon.recovery import LOCK_FILE
 from sandboxkit.daemon.server import DaemonServer
@@ -195,24 +195,13 @@ def test_what_is_left_in_a_dead_daemons_v1_cgroup_is_killed_and_it_removed() -> 
     spawned just before it died may join its cgroups after the successor looked. So
     whatever is still in the dead daemon's v1 limit cgroups is killed too, as in its v2
     cgroup, and they are removed."""
-    # Named as a daemon's cgroup, for a pid past the kernel's pid_max: no daemon's.
-    path = Path("/sys/fs/cgroup/pids") / f"sandboxkit-{2**22 + 1}-{secrets.token_hex(4)}"
-    sandbox = path / "sb-unmarked"
-    sandbox.mkdir(parents=True)
-    left = subprocess.Popen(
-        ["/bin/sh", "-c", f'echo $$ > "{sandbox}/cgroup.procs" && exec env -i sleep 60']
-    )
-    try:
-        wait_until(lambda: left.pid in cgroup_pids(path), what="the process in the cgroup")
+    pids = Path("/sys/fs/cgroup/pids")
+    with dead_daemons_cgroup(pids, "sb-unmarked", "exec env -i sleep 60") as (path, left):
         report = reap_v1_cgroup(path)
         assert report is not None
         assert (report["cgroup_removed"], report["processes_killed"]) == (True, 1)
         assert not path.exists()
         assert left.wait(5) == -signal.SIGKILL
-    finally:
-        left.kill()
-        left.wait()
-        rmdir_tree(path)
 
 
 @pytest.mark.skipif(not cgroup_v2_available(), reason="no cgroup v2 freezer")
