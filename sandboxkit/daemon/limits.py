@@ -29,18 +29,17 @@ import contextlib
 import logging
 import os
 import re
-import signal
 import time
 from pathlib import Path
 from typing import Any, Final
 
-from sandboxkit.daemon.freezer.cgroupfs import cgroup_pids, rmdir_tree
+from sandboxkit.daemon.freezer.cgroupfs import rmdir_tree
 from sandboxkit.daemon.freezer.daemon_cgroup import (
     daemon_cgroup_name,
     defer_removal,
+    empty_and_remove,
     is_daemon_cgroup_name,
 )
-from sandboxkit.daemon.freezer.proc import send_verified
 from sandboxkit.daemon.launch import wrapper
 from sandboxkit.limits import Limits
 
@@ -261,7 +260,7 @@ def reap_v1_cgroup(path: Path) -> dict[str, Any] | None:
     their owner marks: they are given a moment to leave. What stays had dropped its mark
     (a sandboxed process owns its environment: ``env -i``) or joined after the successor
     looked (spawned just before the daemon died), and nothing leaves a cgroup: each is
-    killed through a pidfd checked to be still in it, as in a v2 cgroup (``reap_cgroup``).
+    killed as in a v2 cgroup (``empty_and_remove``).
     ``path`` comes from a file on disk, so it is taken only if it is what a daemon makes: a
     ``sandboxkit-<pid>-<random>`` directory in one of the v1 hierarchies limits use."""
     if (
@@ -273,18 +272,11 @@ def reap_v1_cgroup(path: Path) -> dict[str, Any] | None:
         or not path.is_dir()
     ):
         return None
-    start = time.monotonic()
-    killed: set[int] = set()
-    while not (removed := rmdir_tree(path)) and time.monotonic() - start < _V1_EMPTY_WAIT:
-        if time.monotonic() - start >= _V1_LEAVE_WAIT:
-            for pid in cgroup_pids(path):
-                if send_verified(pid, signal.SIGKILL, lambda p: p in cgroup_pids(path)):
-                    killed.add(pid)
-        time.sleep(0.005)  # sleep-ok: killed processes leave a cgroup asynchronously
+    killed, removed = empty_and_remove(path, _V1_EMPTY_WAIT, grace=_V1_LEAVE_WAIT)
     return {
         "found": "cgroup-v1",
         "cgroup": str(path),
-        "processes_killed": len(killed),
+        "processes_killed": killed,
         "cgroup_removed": removed,
     }
 

@@ -44,6 +44,7 @@ from sandboxkit.daemon.freezer.cgroupfs import (
     read_events,
     rmdir_tree,
 )
+from sandboxkit.daemon.freezer.proc import send_verified
 
 __all__ = [
     "LAUNCHERS_SUFFIX",
@@ -51,6 +52,7 @@ __all__ = [
     "daemon_cgroup_name",
     "daemon_cgroup_path",
     "defer_removal",
+    "empty_and_remove",
     "is_daemon_cgroup_name",
     "reap_cgroup",
     "release_daemon_cgroup",
@@ -143,30 +145,49 @@ def daemon_cgroup(base: Path) -> Path:
     return parent
 
 
-def _empty(root: Path, timeout: float) -> int:
-    """Thaw, kill and wait out every process below ``root``; how many there were."""
-    found = cgroup_pids(root)
+def _empty(root: Path, timeout: float, grace: float) -> int:
+    """Thaw, kill and wait out every process below ``root``, after ``grace`` seconds in
+    which processes already killed (by their owner marks) may leave; how many it killed."""
     # Thaw first: a frozen process cannot act on SIGTERM, and a cgroup left frozen keeps
-    # its processes frozen whatever happens to them.
+    # its processes frozen whatever happens to them. (A v1 cgroup has no cgroup.freeze.)
     for dirpath, _dirs, _files in os.walk(root):
         with contextlib.suppress(OSError):
             Path(dirpath, "cgroup.freeze").write_text("0")
-    deadline = time.monotonic() + timeout
+    start = time.monotonic()
+    killed: set[int] = set()
     while True:
         pids = cgroup_pids(root)
-        found |= pids
         # Populated, not pids: a member with no pid in this PID namespace (a successor in
-        # a container) is killed by cgroup.kill all the same.
+        # a container) is killed by cgroup.kill all the same. (v1 tells neither.)
         populated = read_events(root).get("populated", "1" if pids else "0") == "1"
-        if not populated or time.monotonic() >= deadline:
-            return len(found)
-        try:
-            (root / "cgroup.kill").write_text("1")  # Linux 5.14+: the whole subtree at once
-        except OSError:
-            for pid in pids:
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
+        elapsed = time.monotonic() - start
+        if not populated or elapsed >= timeout:
+            return len(killed)
+        if elapsed >= grace:
+            killed |= pids
+            try:
+                (root / "cgroup.kill").write_text("1")  # Linux 5.14+, v2: the whole subtree
+            except OSError:
+                for pid in pids:
+                    send_verified(pid, signal.SIGKILL, lambda p: p in cgroup_pids(root))
         time.sleep(_POLL_INTERVAL)  # sleep-ok: processes leave a cgroup asynchronously
+
+
+def empty_and_remove(path: Path, timeout: float, grace: float = 0.0) -> tuple[int, bool]:
+    """Kill every process in a dead daemon's cgroup ``path`` (v2, or a v1 one of its
+    limits) and below it — after ``grace`` seconds for those already killed to leave —
+    and remove it, within ``timeout``: (how many it killed, whether it is gone). Each is
+    killed by ``cgroup.kill``, or else through a pidfd checked to be still in the cgroup.
+
+    Again while a process joins late: one the dead daemon spawned just before it died (a
+    sandbox's standby, started unasked: sandboxkit/daemon/standby.py) writes its pid into
+    its cgroup once it runs, maybe after the first pass found the cgroup empty."""
+    deadline = time.monotonic() + timeout
+    killed = _empty(path, timeout, grace)
+    while not (removed := rmdir_tree(path)) and time.monotonic() < deadline:
+        killed += _empty(path, max(0.0, deadline - time.monotonic()), 0.0)
+        time.sleep(_POLL_INTERVAL)  # sleep-ok: a late joiner's write, then its kill
+    return killed, removed
 
 
 def reap_cgroup(path: Path, timeout: float = 2.0) -> dict[str, Any] | None:
@@ -193,14 +214,7 @@ def reap_cgroup(path: Path, timeout: float = 2.0) -> dict[str, Any] | None:
         sandboxes = sum(
             1 for c in path.iterdir() if c.is_dir() and not c.name.endswith(LAUNCHERS_SUFFIX)
         )
-    # Again while a process joins late: one the dead daemon spawned just before it died
-    # (a sandbox's standby, started unasked: sandboxkit/daemon/standby.py) writes its pid
-    # into its cgroup once it runs, maybe after the first pass found the cgroup empty.
-    deadline = time.monotonic() + timeout
-    killed = _empty(path, timeout)
-    while not (removed := rmdir_tree(path)) and time.monotonic() < deadline:
-        killed += _empty(path, max(0.0, deadline - time.monotonic()))
-        time.sleep(_POLL_INTERVAL)  # sleep-ok: a late joiner's write, then its kill
+    killed, removed = empty_and_remove(path, timeout)
     return {
         "found": "cgroup",
         "cgroup": str(path),
