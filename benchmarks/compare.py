@@ -246,10 +246,15 @@ REPLAY_WRITER = (
 # The kernel's share of a fan-out: the least a server can do. It sends each of the
 # round's n clients ``size`` bytes, in the pieces the daemon's pipe reads give (256 KiB):
 # with plain non-blocking send()s from one buffer ("send": the floor under any server that
-# copies, as the daemon and uvicorn do for readers that keep up), or with sendfile() from a
-# file in the page cache ("sendfile": the floor without the copy). No HTTP, no event loop,
-# no pipe, no log: its CPU per GB is the sends alone (the copy into the socket, if any,
-# and loopback's delivery, which runs in the sender's time). (The readers are bare_run's.)
+# copies, as the daemon and uvicorn do for readers that keep up), with sendfile() of one
+# piece in the page cache sent again and again ("sendfile": the floor without the copy),
+# or with sendfile() of new output ("sendfile of new pages"): each piece written once, in
+# order, to pages never written before (a memfd per 16 MiB, closed once every client is
+# past it), since a live stream's bytes are new and a page a send still references may not
+# be written over (the loopback's receiver reads it later); sent up to 1 MiB a call, as the
+# daemon's largest sends. No HTTP, no event loop, no pipe, no log: its CPU per GB is the
+# sends alone (the copy into the socket, if any, and loopback's delivery, which runs in the
+# sender's time). (The readers are bare_run's.)
 FLOOR_SENDER = """
 import os, selectors, socket, sys, tempfile
 port, size, mode, piece = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], 256 * 1024
@@ -258,6 +263,28 @@ with tempfile.TemporaryFile() as f:  # a piece in the page cache, sent again and
     f.write(data)
     f.flush()
     page_cache = os.dup(f.fileno())
+REGION = 64 * piece  # new output: memfds of this many bytes, each written once
+
+
+class Fresh:  # the round's output written once, piece by piece as the first client
+    # needs it, to memfds never written over; each closed once every client is past it
+    def __init__(self):
+        self.regions, self.written = {}, 0
+
+    def send(self, conn, at, n):
+        while self.written < min(at + n, size):
+            index, offset = divmod(self.written, REGION)
+            if index not in self.regions:
+                self.regions[index] = os.memfd_create("floor")
+            self.written += os.pwrite(self.regions[index], data, offset)
+        index, offset = divmod(at, REGION)
+        return os.sendfile(conn.fileno(), self.regions[index], offset, min(n, REGION - offset))
+
+    def past(self, at):
+        for index in [i for i in self.regions if (i + 1) * REGION <= at]:
+            os.close(self.regions.pop(index))
+
+
 server = socket.create_server(("127.0.0.1", port))
 waiting = []
 while True:
@@ -274,6 +301,7 @@ while True:
     if len(waiting) < n:
         continue
     left = {c: size for c in waiting}
+    fresh = Fresh()
     sel = selectors.DefaultSelector()
     for c in waiting:
         c.setblocking(False)
@@ -284,14 +312,18 @@ while True:
             try:
                 if mode == "send":
                     left[c] -= c.send(data[: min(piece, left[c])])
-                else:
+                elif mode == "sendfile":
                     left[c] -= os.sendfile(c.fileno(), page_cache, 0, min(piece, left[c]))
+                else:
+                    left[c] -= fresh.send(c, size - left[c], min(4 * piece, left[c]))
+                    fresh.past(size - max(left.values()))
             except BlockingIOError:
                 continue
             if not left[c]:
                 del left[c]
                 sel.unregister(c)
                 c.close()
+    fresh.past(size + REGION)
     waiting = []
 """
 
@@ -467,7 +499,11 @@ Work = Callable[[int], Awaitable[tuple[int, float]]]
 BARE_NAMES = {"asyncio": "bare uvicorn", "uvloop": "bare uvicorn + uvloop"}
 """The bare uvicorn reference on each event loop, by the loop's name."""
 
-FLOORS = {"kernel floor": "send", "kernel floor, sendfile": "sendfile"}
+FLOORS = {
+    "kernel floor": "send",
+    "kernel floor, sendfile": "sendfile",
+    "kernel floor, sendfile of new pages": "fresh",
+}
 """The systems that only send (:data:`FLOOR_SENDER`), by name: their way of sending."""
 
 
