@@ -204,6 +204,32 @@ def test_the_figure_shows_both_of_two_lag_lines_that_coincide(conn: dict[str, An
 
 
 @pytest.mark.timeout(30)
+def test_a_chart_and_a_panel_poll_the_daemon_without_building_a_dataframe(
+    conn: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A classroom's kernel polls the consumers 24 times a second (benchmarks/widgets.py
+    # --panels 8): a DataFrame each was a millisecond, a tenth of the kernel's 25 %.
+    def no_frame(rows: Any) -> Any:
+        raise AssertionError("a widget's poll built a DataFrame")
+
+    with Sandbox.create(**conn) as sbx:
+        handle = sbx.commands.run(["cat"], background=True)
+        panel = ProcessPanel(sbx, handle.pid)
+        chart = BackpressureChart(sbx, panel)
+        try:
+            wait_until(lambda: len(sbx.raw_consumers()) == 2, timeout=5, what="two consumers")
+            monkeypatch.setattr("sandboxkit.client.sandbox.consumers_frame", no_frame)
+            assert chart.refresh() is True
+            assert set(sent(chart)[-1]["lags"]) == {r["consumer_id"] for r in sbx.raw_consumers()}
+            panel._rt.call_blocking(panel.poll())
+            assert panel.state.head == sbx.commands.get(handle.pid).head
+        finally:
+            chart.close()
+            panel.close()
+            handle.disconnect()
+
+
+@pytest.mark.timeout(30)
 def test_backpressure_sends_samples_only_when_consumers_change(conn: dict[str, Any]) -> None:
     with Sandbox.create(**conn) as sbx:
         handle = sbx.commands.run(["cat"], background=True)  # one idle consumer

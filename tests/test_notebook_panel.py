@@ -702,7 +702,7 @@ async def test_a_poll_in_flight_during_kill_restart_does_not_write_the_old_head(
         panel = ProcessPanel(sbx, old)
         try:
             await poll(lambda: panel.line_count >= 300, what="old output")
-            real = sbx.consumers
+            real = sbx.raw_consumers
             gate = asyncio.Event()
             entered = asyncio.Event()
 
@@ -712,10 +712,10 @@ async def test_a_poll_in_flight_during_kill_restart_does_not_write_the_old_head(
                 await gate.wait()  # the answer arrives after the restart
                 return frame
 
-            sbx.consumers = slow_consumers  # type: ignore[method-assign]
+            sbx.raw_consumers = slow_consumers  # type: ignore[method-assign]
             in_flight = asyncio.create_task(panel.poll())
             await entered.wait()
-            sbx.consumers = real  # type: ignore[method-assign]
+            sbx.raw_consumers = real  # type: ignore[method-assign]
             await panel.on_kill_restart()  # type: ignore[misc]
             gate.set()
             await in_flight

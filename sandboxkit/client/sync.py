@@ -473,6 +473,11 @@ class Sandbox:
         """Per-consumer metrics as a DataFrame."""
         return self._loop.run(self._async.consumers())
 
+    def raw_consumers(self) -> builtins.list[dict[str, Any]]:
+        """The per-consumer metrics as the daemon sends them (see
+        :meth:`AsyncSandbox.raw_consumers`)."""
+        return self._loop.run(self._async.raw_consumers())
+
     def raw_events(
         self, since: int = 0, *, wait: float | None = None
     ) -> builtins.list[dict[str, Any]]:

@@ -34,7 +34,6 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import ipywidgets as widgets  # type: ignore[import-untyped, unused-ignore]
-import pandas as pd
 import traitlets
 from matplotlib.figure import Figure
 
@@ -197,7 +196,7 @@ class _PolledChart(WidgetBase, Generic[D]):
         return fig
 
 
-class BackpressureChart(_PolledChart[pd.DataFrame]):
+class BackpressureChart(_PolledChart[list[dict[str, Any]]]):
     """Per-consumer lag and state of one process over the last ``window`` seconds; given
     a panel, of whatever process the panel follows."""
 
@@ -239,23 +238,21 @@ class BackpressureChart(_PolledChart[pd.DataFrame]):
             title += " · client-side only (this kernel's readers; the provider reports none)"
         return title
 
-    async def _fetch(self) -> pd.DataFrame:
-        return await self._sbx.consumers()
+    async def _fetch(self) -> list[dict[str, Any]]:
+        return await self._sbx.raw_consumers()
 
     def _panel_consumer(self) -> str | None:
         follower = getattr(self.panel, "_follower", None) if self.panel is not None else None
         handle = getattr(follower, "handle", None)
         return getattr(getattr(handle, "stream", None), "consumer_id", None)
 
-    def ingest(self, data: pd.DataFrame) -> list[dict[str, Any]]:
+    def ingest(self, data: list[dict[str, Any]]) -> list[dict[str, Any]]:
         now = round(time.monotonic() - self._t0, 3)
         messages = []
         restart = self.data.follow(self._followed(), now)
         if restart is not None:
             messages.append(restart)
-        records = data.to_dict("records") if len(data) else []
-        rows = [{str(k): (None if _isna(v) else v) for k, v in r.items()} for r in records]
-        sample = self.data.ingest(rows, now, self._panel_consumer())
+        sample = self.data.ingest(data, now, self._panel_consumer())
         if sample is not None:
             messages.append(sample)
         return messages
@@ -326,13 +323,6 @@ class BackpressureChart(_PolledChart[pd.DataFrame]):
             frameon=False,
             bbox_to_anchor=(0, -0.35),
         )
-
-
-def _isna(value: Any) -> bool:
-    try:
-        return bool(pd.isna(value))
-    except (TypeError, ValueError):
-        return False
 
 
 class LifecycleTimeline(_PolledChart[list[dict[str, Any]]]):

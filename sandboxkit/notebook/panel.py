@@ -502,10 +502,9 @@ class ProcessPanel(WidgetBase):
         if follower is not None and follower.handle is not None and follower.active:
             self._follow_states(epoch)
             self.state.update_process(cursor=follower.handle.cursor, epoch=epoch, pid=pid)
-        frame = await self._sbx.consumers()
-        rows = frame[frame["pid"] == pid] if len(frame) else frame
-        if len(rows):
-            self.state.update_process(head=int(rows["head"].max()), epoch=epoch, pid=pid)
+        heads = [r["head"] for r in await self._sbx.raw_consumers() if r.get("pid") == pid]
+        if heads:
+            self.state.update_process(head=int(max(heads)), epoch=epoch, pid=pid)
 
     # -- teardown ----------------------------------------------------------------------
 
