@@ -502,7 +502,8 @@ class ProcessPanel(WidgetBase):
         if follower is not None and follower.handle is not None and follower.active:
             self._follow_states(epoch)
             self.state.update_process(cursor=follower.handle.cursor, epoch=epoch, pid=pid)
-        heads = [r["head"] for r in await self._sbx.raw_consumers() if r.get("pid") == pid]
+        rows = await self._sbx.raw_consumers()
+        heads = [r["head"] for r in rows if r.get("pid") == pid and r.get("head") is not None]
         if heads:
             self.state.update_process(head=int(max(heads)), epoch=epoch, pid=pid)
 
