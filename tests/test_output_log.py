@@ -343,6 +343,32 @@ async def test_wait_is_woken_by_append() -> None:
     assert await asyncio.wait_for(fourth, 1) is True
 
 
+@pytest.mark.timeout(10)
+async def test_a_readers_on_wake_runs_in_the_appends_turn_and_its_fault_stays_its_own(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A waiting reader's ``on_wake`` runs inside the append that wakes it (a consumer at
+    the head sends from there); one that raises costs the producer nothing: the append
+    returns, every reader is still woken, and the fault is logged."""
+    log = OutputLog(_BIG)
+    seen: list[bytes] = []
+
+    def look() -> None:
+        seen.extend(chunk.data for chunk in log.read(0, 100)[1])
+
+    def fail() -> None:
+        raise RuntimeError("a reader's bug")
+
+    looking = asyncio.create_task(log.wait(0, 5, look))
+    failing = asyncio.create_task(log.wait(0, 5, fail))
+    await _blocked(looking)
+    await _blocked(failing)
+    assert log.append("stdout", b"x") is not None
+    assert seen == [b"x"]  # before either task ran again
+    assert await asyncio.wait_for(asyncio.gather(looking, failing), 1) == [True, True]
+    assert "a reader's bug" in caplog.text
+
+
 async def test_readers_woken_by_an_append_run_before_the_log_writes_to_disk(
     tmp_path: Path,
 ) -> None:

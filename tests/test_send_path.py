@@ -13,14 +13,14 @@ import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import ChunkedDecoder, LoopHold
+from support import ChunkedDecoder, LoopHold, fast_config
 
 from sandboxkit.daemon.host import Host
 from sandboxkit.daemon.http.fast_path import split
 from sandboxkit.daemon.process import ProcessSpec
 from sandboxkit.daemon.server import DaemonServer, event_loop_factory
 from sandboxkit.daemon.tcp_peer import MAX_SEND_BUFFER, SEND_BUFFER, size_send_buffer
-from sandboxkit.wire import FrameDecoder, FrameKind
+from sandboxkit.wire import Frame, FrameDecoder, FrameKind
 
 BLOCKS = 32  # 64 KiB writes: 2 MiB in all
 WRITER = (
@@ -182,6 +182,55 @@ def test_peers_that_vanish_mid_stream_cost_no_writes_into_dead_sockets(
             rows = http.get(f"/sandboxes/{sid}/consumers").json()
         http.delete(f"/sandboxes/{sid}")
     assert "socket.send() raised exception" not in caplog.text
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_line_reaches_a_waiting_readers_socket_in_the_turn_that_read_it(loop: str) -> None:
+    """A reader waiting at the head of the log gets new output written to its socket by
+    the append itself, in the daemon's turn that read it from the process: not a turn
+    later, by the reader's own task (a printed line's latency, P3 in docs/performance.md).
+    Checked without a clock: the bytes are in the reader's socket before that turn ends."""
+    server = DaemonServer(fast_config(event_loop=loop)).start()
+    try:
+        assert server.loop is not None and loop in type(server.loop).__module__
+        headers = {"Authorization": f"Bearer {server.token}"}
+        with httpx.Client(base_url=server.url, headers=headers, timeout=10) as http:
+            sid = http.post("/sandboxes", json={}).json()["sandbox_id"]
+            pid = http.post(f"/sandboxes/{sid}/processes", json={"argv": ["cat"]}).json()["pid"]
+            host, port = server.url.removeprefix("http://").rsplit(":", 1)
+            with socket.create_connection((host, int(port))) as sock:
+                sock.sendall(
+                    f"GET /sandboxes/{sid}/processes/{pid}/stream?cursor=0 HTTP/1.1\r\n"
+                    f"Host: x\r\nAuthorization: Bearer {server.token}\r\n\r\n".encode()
+                )
+                raw = bytearray()
+                while b"\r\n\r\n" not in raw or not _frames(raw):  # the head, the start frame
+                    block = sock.recv(1 << 16)
+                    assert block, "the connection closed before the start frame"
+                    raw += block
+                process = server.host.get(sid).process(pid)
+
+                async def print_a_line() -> bytes:
+                    # As the pipe's reader does; then, in the same turn, what has arrived.
+                    process.capture("stdout", b"hello\n")
+                    try:
+                        return sock.recv(1 << 16, socket.MSG_DONTWAIT)
+                    except BlockingIOError:
+                        return b""
+
+                arrived = asyncio.run_coroutine_threadsafe(print_a_line(), server.loop).result(10)
+                frames = _frames(raw + arrived)
+                assert frames[-1].kind is FrameKind.DATA, "the line waited for a later turn"
+                assert frames[-1].payload == b"hello\n"
+            http.delete(f"/sandboxes/{sid}")
+    finally:
+        server.stop()
+
+
+def _frames(raw: bytes | bytearray) -> list[Frame]:
+    """The frames of a stream's raw response so far (head and chunked framing taken off)."""
+    _, _, body = bytes(raw).partition(b"\r\n\r\n")
+    return FrameDecoder().feed(ChunkedDecoder().feed(body))
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ __all__ = [
     "PeerProbe",
     "SendBudget",
     "SendFile",
+    "SendNow",
     "SendParts",
     "SizeBuffer",
 ]
@@ -66,6 +67,9 @@ SendParts = Callable[[list[bytes | memoryview], int], Awaitable[None]]
 """A sink may also offer ``send_parts(parts, size)``: send the concatenation of ``parts``
 (``size`` bytes), joining them itself with its own framing in one copy."""
 
+SendNow = Callable[[list[bytes | memoryview], int], bool]
+"""A sink may also offer ``send_now(parts, size)``: send as ``send_parts`` would, at once
+and without waiting, if it can; ``False`` (nothing sent) if it cannot now."""
 
 SendFile = Callable[[FileSpan], Awaitable[None]]
 """A sink may also offer ``send_file(span)``: send a span of a segment file as it is

@@ -18,6 +18,7 @@ from sandboxkit.daemon.consumer_sinks import (
     PeerProbe,
     SendBudget,
     SendFile,
+    SendNow,
     SendParts,
     SizeBuffer,
 )
@@ -25,6 +26,8 @@ from sandboxkit.daemon.events import EventJournal
 from sandboxkit.daemon.fanout import Fanout, Feed, Pull
 from sandboxkit.daemon.file_span import FileSpan
 from sandboxkit.daemon.output_log import Chunk, Gap, OutputLog
+from sandboxkit.daemon.stall_watch import StallWatch
+from sandboxkit.daemon.tcp_peer import PENDING_BYTES
 from sandboxkit.errors import ConsumerKicked, InvalidArgument, SandboxkitError
 from sandboxkit.vocab import (
     BLOCKED_AFTER,
@@ -127,7 +130,6 @@ class Consumer:
         self.last_send: float | None = None
         self.closed_at: float | None = None
         self.close_reason: str | None = None
-        self._sending_since: float | None = None
         self._waiting = False
         self._final_state: ConsumerState | None = None
         self._final_lag: tuple[int, int] | None = None
@@ -135,12 +137,13 @@ class Consumer:
         self._feed: Feed | None = None
         self._peer_probe: PeerProbe | None = None
         self._send_parts: SendParts | None = None
+        self._send_now: SendNow | None = None
         self._send_file: SendFile | None = None
         self._size_buffer: SizeBuffer | None = None
         self._requested = cursor
         self._kick_request: tuple[str, float] | None = None
         self._states_sent: dict[str, Any] | None = None
-        self._watchdog: asyncio.TimerHandle | None = None
+        self._stall = StallWatch(self.kick)
         self._coalesce = min(config.send_batch, _FIRST_SENDS)
         self._largest_send = 0
         self._budget = budget or SendBudget(config.send_budget)
@@ -167,7 +170,7 @@ class Consumer:
         if self._final_state is not None:
             return None
         now = time.monotonic()
-        since = self._sending_since
+        since = self._stall.since
         if since is not None and now - since >= BLOCKED_AFTER:
             return since
         closed = self._peer_probe() if self._peer_probe is not None else None
@@ -248,6 +251,7 @@ class Consumer:
         self._task = asyncio.current_task()
         self._peer_probe = getattr(sink, "window_closed_for", None)
         self._send_parts = getattr(sink, "send_parts", None)
+        self._send_now = getattr(sink, "send_now", None)
         self._send_file = getattr(sink, "send_file", None)
         self._size_buffer = getattr(sink, "size_send_buffer", None)
         self._feed = feed = self.source.fanout.attach(self.cursor, self.kick)
@@ -275,8 +279,7 @@ class Consumer:
             reason = exc.code
             await self._try_send(sink, encode_frame(FrameKind.ERROR, exc.to_wire()))
         finally:
-            if self._watchdog is not None:
-                self._watchdog.cancel()
+            self._stall.close()
             self._budget.consumers -= 1
             feed.close()
             self._finish("kicked" if reason == "kicked" else "closed", reason)
@@ -293,6 +296,7 @@ class Consumer:
         # connection (the sink's methods held the server's request, its buffers and its
         # transport, every one of the 400 that left at once), nor of its feed.
         self._peer_probe = self._send_parts = self._size_buffer = self._send_file = None
+        self._send_now = None
         self._feed = None
         self._task = None
 
@@ -333,13 +337,14 @@ class Consumer:
             lost = log.offset_of(feed.start) - log.offset_of(requested)
             await self._send_gap(sink, Gap(requested, feed.start, lost), "not_replayed")
         keepalive = self.config.keepalive_interval
+        eager = self._send_at_once if self._send_now is not None else None
         while True:
             self._waiting = True
             try:
                 # What is read at once is held until sent: within this consumer's share,
                 # and no more than a send takes (a span is one send, see _send).
                 batch_limit = min(self._coalesce, self._budget.share(self.config.send_batch))
-                pulled = await feed.pull(self.cursor, batch_limit, keepalive)
+                pulled = await feed.pull(self.cursor, batch_limit, keepalive, eager)
             finally:
                 self._waiting = False
             gap = pulled.gap
@@ -364,8 +369,36 @@ class Consumer:
                     ),
                 )
                 return
-            if gap is None and not pulled.chunks and pulled.span is None and not told:
+            idle = gap is None and not pulled.chunks and pulled.span is None
+            if idle and not told and not pulled.served:
                 await self._send_keepalive(sink)
+
+    def _send_at_once(self) -> bool:
+        """New output sent from the producer's own turn (the feed's ``Eager``), when it
+        is small (a line, a prompt: a printed line's latency is what this is for), every
+        state change has been told, and the connection takes bytes now. ``False`` leaves
+        it to this consumer's task, a turn later; bulk output always goes that way, in
+        sends as large as the peer drains (``_send``)."""
+        send_now, log = self._send_now, self.source.log
+        if send_now is None or self._kick_request is not None or self._final_state is not None:
+            return False
+        if not 0 < log.total_bytes - log.offset_of(self.cursor) <= PENDING_BYTES:
+            return False
+        states = self.source.states()
+        if states != self._states_sent and states["process_state"] != "exited":
+            return False  # (told first, by the task)
+        gap, chunks = log.read(self.cursor, PENDING_BYTES)
+        if gap is not None or not chunks:
+            return False
+        parts: list[bytes | memoryview] = []
+        for chunk in chunks:
+            parts += (chunk.head, chunk.data)
+        size = sum(map(len, parts))
+        if not send_now(parts, size):
+            return False
+        self.cursor = chunks[-1].seq + 1
+        self._sent(size, len(chunks))
+        return True
 
     async def _send_pulled(self, sink: FrameSink, pulled: Pull, told: bool) -> None:
         try:  # (a span holds a descriptor: let go of it whatever happens)
@@ -459,9 +492,7 @@ class Consumer:
         data: bytes | list[bytes | memoryview] | FileSpan,
         frames: int = 1,
     ) -> None:
-        self._sending_since = started = time.monotonic()
-        if self._watchdog is None:
-            self._arm_watchdog(started)
+        started = self._stall.start(self._feed.stall_timeout if self._feed else None)
         size = sum(map(len, data)) if isinstance(data, list) else len(data)
         try:
             if isinstance(data, bytes):
@@ -475,7 +506,7 @@ class Consumer:
             else:
                 await sink.send(b"".join(data))
         finally:
-            self._sending_since = None
+            self._stall.stop()
         took = time.monotonic() - started
         if took >= _BACKPRESSURE and self._feed is not None and self._feed.stall_timeout:
             # The transport made this send wait: size the next ones to what it drains in
@@ -493,37 +524,13 @@ class Consumer:
         elif size >= self._coalesce and self._coalesce < self.config.send_batch:
             # Taken at once: the peer drains fast, the next sends may be larger.
             self._coalesce = min(self.config.send_batch, 2 * self._coalesce)
+        self._sent(size, frames)
+
+    def _sent(self, size: int, frames: int) -> None:
         self.bytes_sent += size
         self.frames_sent += frames
         self._largest_send = max(self._largest_send, size)
         self.last_send = time.time()
-
-    # A send that makes no progress for ``stall_timeout`` gets the consumer kicked. Not a
-    # timeout per send (a timer scheduled and cancelled on every call, 6-10 % of the
-    # daemon's CPU at full rate): one timer per consumer, armed by a send when none is
-    # pending, that on firing checks the send in flight and re-arms for its deadline.
-    def _arm_watchdog(self, since: float) -> None:
-        timeout = self._feed.stall_timeout if self._feed else None
-        if timeout is None:
-            return
-        loop = asyncio.get_running_loop()
-        self._watchdog = loop.call_at(
-            loop.time() + timeout - (time.monotonic() - since), self._watch
-        )
-
-    def _watch(self) -> None:
-        self._watchdog = None
-        since = self._sending_since
-        if since is None or self._final_state is not None:
-            return  # not sending: the next send arms it again
-        timeout = self._feed.stall_timeout if self._feed else None
-        if timeout is None:
-            return
-        blocked_for = time.monotonic() - since
-        if blocked_for >= timeout:
-            self.kick("stalled", blocked_for)
-        else:
-            self._arm_watchdog(since)
 
     async def _kick(self, sink: FrameSink, reason: str, blocked_for: float) -> None:
         self._record(

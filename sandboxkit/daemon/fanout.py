@@ -20,10 +20,16 @@ from typing import ClassVar
 from sandboxkit.daemon.file_span import FileSpan
 from sandboxkit.daemon.output_log import Chunk, Gap, OutputLog
 
-__all__ = ["CursorFanout", "Fanout", "Feed", "Kick", "Pull"]
+__all__ = ["CursorFanout", "Eager", "Fanout", "Feed", "Kick", "Pull"]
 
 Kick = Callable[[str, float], None]
 """How a policy kicks a consumer from outside its task: ``kick(reason, blocked_for)``."""
+
+Eager = Callable[[], bool]
+"""What a consumer may hand its pull: run in the producer's own turn when output arrives
+while the pull waits, it sends that output at once if it can and says whether it did (its
+cursor then past it). The output leaves a turn of the event loop earlier than through the
+consumer's task (P3, docs/performance.md); it must not raise nor wait."""
 
 
 @dataclass
@@ -36,6 +42,8 @@ class Pull:
     span: FileSpan | None = None
     """Frames of a segment file to send as they are (after ``gap``; the consumer closes
     it): what a reader behind the cache of a zero-copy log gets instead of chunks."""
+    served: bool = False
+    """The new output this pull waited for was sent by the consumer's :data:`Eager`."""
 
 
 class Feed(abc.ABC):
@@ -48,8 +56,12 @@ class Feed(abc.ABC):
     """Per-consumer stall kick (``None``: this policy never kicks from the consumer)."""
 
     @abc.abstractmethod
-    async def pull(self, cursor: int, max_bytes: int, timeout: float) -> Pull:
-        """Next chunks from ``cursor``; an empty :class:`Pull` after ``timeout`` idle."""
+    async def pull(
+        self, cursor: int, max_bytes: int, timeout: float, eager: Eager | None = None
+    ) -> Pull:
+        """Next chunks from ``cursor``; an empty :class:`Pull` after ``timeout`` idle.
+        ``eager``: offered new output as it arrives, where the policy can (see
+        :data:`Eager`); the pull then returns ``Pull(served=True)``."""
 
     def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """The consumer is gone."""
@@ -82,13 +94,23 @@ class _LogFeed(Feed):
         self.start = start
         self.stall_timeout = stall_timeout
 
-    async def pull(self, cursor: int, max_bytes: int, timeout: float) -> Pull:
+    async def pull(
+        self, cursor: int, max_bytes: int, timeout: float, eager: Eager | None = None
+    ) -> Pull:
         log = self.log
         pulled = self._read(cursor, max_bytes)
         if pulled.gap is None and not pulled.chunks and pulled.span is None:
             if log.ended:
                 return Pull(ended=True)
-            await log.wait(cursor, timeout)
+            served = False
+
+            def offer() -> None:
+                nonlocal served
+                served = eager is not None and eager()
+
+            await log.wait(cursor, timeout, None if eager is None else offer)
+            if served:
+                return Pull(served=True)
             pulled = self._read(cursor, max_bytes)
             pulled.ended = pulled.gap is None and not pulled.chunks and log.ended
         return pulled

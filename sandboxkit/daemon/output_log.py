@@ -15,7 +15,7 @@ from sandboxkit.daemon import heap
 from sandboxkit.daemon.chunks import CHUNK_OVERHEAD, Chunk, Gap
 from sandboxkit.daemon.file_span import SPAN_MIN, FileSpan
 from sandboxkit.daemon.log_offsets import EvictedOffsets, ReadEnds
-from sandboxkit.daemon.log_waiters import Waiters
+from sandboxkit.daemon.log_waiters import OnWake, Waiters
 from sandboxkit.daemon.segment_store import (
     INDEX_RECORD,
     MAX_SEGMENT,
@@ -583,12 +583,13 @@ class OutputLog:
         end = cache[store.flushed - first].offset if store.flushed < self._head else self._total
         return end - cache[cursor - first].offset < SPAN_MIN
 
-    async def wait(self, cursor: int, timeout: float | None) -> bool:
-        """Wait until chunk ``cursor`` exists or the log ends; ``False`` on timeout."""
+    async def wait(self, cursor: int, timeout: float | None, on_wake: OnWake | None = None) -> bool:
+        """Wait until chunk ``cursor`` exists or the log ends; ``False`` on timeout.
+        ``on_wake``: run by the append (or end) that wakes this reader, in its own turn."""
         if self._head > cursor or self.ended:
             return True
         self._read_horizon = self._head  # a reader waits past the newest chunk: seal it
-        return await self._waiters.wait(timeout)
+        return await self._waiters.wait(timeout, on_wake)
 
     def nudge(self) -> None:
         """Wake every waiting reader with no new chunk: something else changed that its

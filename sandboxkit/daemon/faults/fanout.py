@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 
 from sandboxkit._compat import within
-from sandboxkit.daemon.fanout import Fanout, Feed, Kick, Pull
+from sandboxkit.daemon.fanout import Eager, Fanout, Feed, Kick, Pull
 from sandboxkit.daemon.output_log import Chunk, OutputLog
 
 __all__ = ["BlockingFanout", "KickFanout"]
@@ -35,7 +35,10 @@ class _QueueFeed(Feed):
         self.kick = kick
         self.queue: asyncio.Queue[object] = asyncio.Queue(size)
 
-    async def pull(self, cursor: int, max_bytes: int, timeout: float) -> Pull:
+    async def pull(
+        self, cursor: int, max_bytes: int, timeout: float, eager: Eager | None = None
+    ) -> Pull:
+        # (The shared loop's queue hands chunks over one at a time: nothing is eager.)
         try:
             first = await within(self.queue.get(), timeout)
         except TimeoutError:

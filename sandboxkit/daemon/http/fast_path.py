@@ -202,40 +202,73 @@ class AsgiSink:
         if cycle is None or self._torn:
             await self.send(b"".join(parts))
             return
-        # One chunk of the chunked body (after what a span left owed: see SpanWriter).
-        owed = self._spans.take_pending() if self._spans is not None else b""
-        chunk = [owed + b"%x\r\n" % size, *parts, b"\r\n"]
+        chunk = self._body_chunk(parts, size)
         if self._fd is None:
             await self._writable()
             cycle.transport.writelines(chunk)
             self._release_head()
             return
         await self._writable()
-        while chunk:
-            # The transport holds nothing now (its limits pause it at one byte): the
-            # socket can be written here, in order, gathered.
-            batch = chunk[:_IOV_MAX]
+        while chunk := self._write(chunk, PENDING_BYTES):
             try:
-                sent = os.writev(self._fd, batch)
-            except OSError:  # full, or broken: the transport reports that its own way
-                sent = 0
-            self._release_head()
-            chunk = split(batch, sent)[1] + chunk[_IOV_MAX:]
-            if chunk:
-                # The kernel is full: a bounded copy to the transport, which writes it
-                # when the socket takes more and resumes this stream once it is empty.
-                piece, chunk = split(chunk, PENDING_BYTES)
-                cycle.transport.write(b"".join(piece))
-            if chunk:
-                try:
-                    await self._writable()
-                except BaseException:
-                    # Cancelled (a kick, the peer gone) inside a body chunk: nothing
-                    # may follow it on this connection, which ends after what the
-                    # transport holds; the client reattaches from its cursor.
-                    self._torn = True
-                    cycle.transport.close()
-                    raise
+                await self._writable()
+            except BaseException:
+                # Cancelled (a kick, the peer gone) inside a body chunk: nothing
+                # may follow it on this connection, which ends after what the
+                # transport holds; the client reattaches from its cursor.
+                self._torn = True
+                cycle.transport.close()
+                raise
+
+    def send_now(self, parts: list[bytes | memoryview], size: int) -> bool:
+        """Send the concatenation of ``parts`` as one body chunk at once, without waiting,
+        if that can be done: the connection takes bytes now (its transport holds none)
+        and ``size`` is at most :data:`PENDING_BYTES`, so whatever the kernel does not
+        take the transport may hold. ``False``: nothing was sent (:meth:`send_parts`
+        then sends it, waiting its turn). A consumer at the head of its log sends from
+        the producer's own turn this way (``Consumer``, P3 in docs/performance.md)."""
+        cycle = self._cycle
+        if (
+            cycle is None
+            or self._fd is None
+            or self._torn
+            or self._holding
+            or size > PENDING_BYTES
+            or cycle.flow.write_paused
+            or cycle.disconnected
+            or cycle.transport.is_closing()
+        ):
+            return False
+        chunk = self._body_chunk(parts, size)
+        rest = self._write(chunk, sum(map(len, chunk)))
+        assert not rest  # (all of it taken, by the kernel or the transport)
+        return True
+
+    def _body_chunk(self, parts: list[bytes | memoryview], size: int) -> list[bytes | memoryview]:
+        # One chunk of the chunked body (after what a span left owed: see SpanWriter).
+        owed = self._spans.take_pending() if self._spans is not None else b""
+        return [owed + b"%x\r\n" % size, *parts, b"\r\n"]
+
+    def _write(self, chunk: list[bytes | memoryview], most: int) -> list[bytes | memoryview]:
+        """Write ``chunk`` to the socket, gathered, as far as the kernel takes it, and
+        then up to ``most`` bytes more to the transport; returns what is left.
+
+        Called only while the transport holds nothing (its limits pause it at one byte),
+        so the socket can be written here, in order. A piece the kernel does not take
+        is copied to the transport, which writes it when the socket takes more and then
+        resumes this stream: a bounded copy."""
+        assert self._fd is not None
+        batch = chunk[:_IOV_MAX]
+        try:
+            sent = os.writev(self._fd, batch)
+        except OSError:  # full, or broken: the transport reports that its own way
+            sent = 0
+        self._release_head()
+        chunk = split(batch, sent)[1] + chunk[_IOV_MAX:]
+        if chunk:
+            piece, chunk = split(chunk, most)
+            self._cycle.transport.write(b"".join(piece))
+        return chunk
 
     async def send_file(self, span: FileSpan) -> None:
         """Send a span of a segment file as one body chunk, with ``sendfile`` (see
