@@ -87,13 +87,8 @@ def test_the_stream_over_http_1_0_and_1_1_is_byte_exact(daemon: DaemonServer, ve
         sid = http.post("/sandboxes", json={}).json()["sandbox_id"]
         argv = [sys.executable, "-c", WRITER]
         pid = http.post(f"/sandboxes/{sid}/processes", json={"argv": argv}).json()["pid"]
-        host, port = daemon.url.removeprefix("http://").rsplit(":", 1)
-        with socket.create_connection((host, int(port))) as sock:
-            sock.sendall(
-                f"GET /sandboxes/{sid}/processes/{pid}/stream?cursor=0 HTTP/{version}\r\n"
-                f"Host: x\r\nAuthorization: Bearer {daemon.token}\r\n"
-                "Connection: close\r\n\r\n".encode()
-            )
+        process = f"{sid}/processes/{pid}"
+        with _stream_socket(daemon.url, daemon.token, process, version, close=True) as sock:
             raw = bytearray()
             while block := sock.recv(1 << 16):  # the process ends: the server closes
                 raw += block
@@ -126,12 +121,7 @@ def test_a_streams_head_and_start_frame_reach_the_reader_in_one_packet(
         while http.get(f"/sandboxes/{sid}/processes/{pid}").json()["state"] != "exited":
             assert time.monotonic() < deadline, "true did not end"
             time.sleep(0.01)  # sleep-ok: polling with a deadline
-        host, port = daemon.url.removeprefix("http://").rsplit(":", 1)
-        with socket.create_connection((host, int(port))) as sock:
-            sock.sendall(
-                f"GET /sandboxes/{sid}/processes/{pid}/stream?cursor=0 HTTP/1.1\r\n"
-                f"Host: x\r\nAuthorization: Bearer {daemon.token}\r\n\r\n".encode()
-            )
+        with _stream_socket(daemon.url, daemon.token, f"{sid}/processes/{pid}") as sock:
             raw = bytearray()
             while not raw.endswith(b"\r\n0\r\n\r\n"):  # to the body's end
                 block = sock.recv(1 << 16)
@@ -163,13 +153,8 @@ def test_peers_that_vanish_mid_stream_cost_no_writes_into_dead_sockets(
         while http.get(path).json()["total_bytes"] < BLOCKS * 65536:
             assert time.monotonic() < deadline, "the writer did not write"
             time.sleep(0.02)  # sleep-ok: polling with a deadline
-        host, port = daemon.url.removeprefix("http://").rsplit(":", 1)
         for _ in range(20):
-            sock = socket.create_connection((host, int(port)))
-            sock.sendall(
-                f"GET {path}/stream?cursor=0 HTTP/1.1\r\nHost: x\r\n"
-                f"Authorization: Bearer {daemon.token}\r\n\r\n".encode()
-            )
+            sock = _stream_socket(daemon.url, daemon.token, f"{sid}/processes/{pid}")
             sock.recv(1 << 16)
             # Close with a reset (linger 0), in the middle of the replay.
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -197,12 +182,7 @@ def test_a_line_reaches_a_waiting_readers_socket_in_the_turn_that_read_it(loop: 
         with httpx.Client(base_url=server.url, headers=headers, timeout=10) as http:
             sid = http.post("/sandboxes", json={}).json()["sandbox_id"]
             pid = http.post(f"/sandboxes/{sid}/processes", json={"argv": ["cat"]}).json()["pid"]
-            host, port = server.url.removeprefix("http://").rsplit(":", 1)
-            with socket.create_connection((host, int(port))) as sock:
-                sock.sendall(
-                    f"GET /sandboxes/{sid}/processes/{pid}/stream?cursor=0 HTTP/1.1\r\n"
-                    f"Host: x\r\nAuthorization: Bearer {server.token}\r\n\r\n".encode()
-                )
+            with _stream_socket(server.url, server.token, f"{sid}/processes/{pid}") as sock:
                 raw = bytearray()
                 while b"\r\n\r\n" not in raw or not _frames(raw):  # the head, the start frame
                     block = sock.recv(1 << 16)
@@ -225,6 +205,21 @@ def test_a_line_reaches_a_waiting_readers_socket_in_the_turn_that_read_it(loop: 
             http.delete(f"/sandboxes/{sid}")
     finally:
         server.stop()
+
+
+def _stream_socket(
+    url: str, token: str, process: str, version: str = "1.1", close: bool = False
+) -> socket.socket:
+    """A connection that asked for ``process``'s stream (``SID/processes/PID``) from its
+    first chunk, read raw; with ``close``, one the server closes at the stream's end."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)))
+    ask = "Connection: close\r\n" if close else ""
+    sock.sendall(
+        f"GET /sandboxes/{process}/stream?cursor=0 HTTP/{version}\r\nHost: x\r\n"
+        f"Authorization: Bearer {token}\r\n{ask}\r\n".encode()
+    )
+    return sock
 
 
 def _frames(raw: bytes | bytearray) -> list[Frame]:
