@@ -294,6 +294,50 @@ async def test_ghost_is_kicked_after_stall_timeout_and_healthy_consumers_never_p
             await api.aclose()
 
 
+# Once stdin says go, a 1 KB line every millisecond or so: small writes, each one that
+# finds its readers waiting sent by the append that read it (P3, docs/performance.md).
+LINES = """
+import sys, time
+out = sys.stdout.buffer
+line = b"l" * 1023 + b"\\n"
+sys.stdin.readline()
+for _ in range(int(sys.argv[1])):
+    out.write(line)
+    out.flush()
+    time.sleep(0.001)  # sleep-ok: the child writes a line at a time
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(30)
+async def test_a_ghost_waiting_at_the_head_of_line_output_is_kicked(conn: dict[str, str]) -> None:
+    """A ghost that attaches before any output and never reads, while a process prints
+    line after line: the lines go from the append's own turn while its sockets take them;
+    once they are full, the next line waits in its send and the ghost is kicked after the
+    stall timeout, as any ghost (the lines sent at once never hold it up)."""
+    async with await AsyncSandbox.create(**conn) as sbx:
+        info = await sbx.commands.start([sys.executable, "-c", LINES, "20000"])
+        path = f"/sandboxes/{sbx.sandbox_id}/processes/{info.pid}/stream?name=ghost"
+        ghost = _attach_raw(conn["url"], conn["token"], path)
+        try:
+            await sbx.commands.send_stdin(info.pid, "go\n")
+            (event,) = await _poll(
+                lambda: _kicked_events(sbx, info.pid), STALL + 10, "the ghost to be kicked"
+            )
+            data = event["data"]
+            assert data["name"] == "ghost" and event["reason"] == "stalled", event
+            assert STALL * 0.9 <= data["blocked_for"] <= STALL + 1.0, data
+            assert data["lag_bytes"] > 0, data
+            body, ended = await asyncio.to_thread(_drain_to_end, ghost, 5)
+            assert ended, "the kicked ghost's stream was left open"
+            frames = FrameDecoder().feed(body)
+            seqs = [f.meta["seq"] for f in frames if f.kind is FrameKind.DATA]
+            assert seqs == list(range(len(seqs))) and len(seqs) > 10, len(seqs)
+        finally:
+            ghost.close()
+            await sbx.commands.kill(info.pid)
+
+
 # -- b. ten ghosts ---------------------------------------------------------------------
 
 

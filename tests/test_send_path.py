@@ -13,7 +13,7 @@ import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import ChunkedDecoder, LoopHold, fast_config
+from support import ChunkedDecoder, LoopHold, fast_config, poll
 
 from sandboxkit.daemon.host import Host
 from sandboxkit.daemon.http.fast_path import split
@@ -202,6 +202,47 @@ def test_a_line_reaches_a_waiting_readers_socket_in_the_turn_that_read_it(loop: 
                 frames = _frames(raw + arrived)
                 assert frames[-1].kind is FrameKind.DATA, "the line waited for a later turn"
                 assert frames[-1].payload == b"hello\n"
+            http.delete(f"/sandboxes/{sid}")
+    finally:
+        server.stop()
+
+
+def test_a_reader_whose_socket_filled_on_a_line_sent_at_once_is_kicked_as_output_stops() -> None:
+    """What the kernel did not take of a line the append sent (above) waits in the
+    transport, and its reader's task waits for it as for the rest of any send: a reader
+    that stopped reading is kicked after the stall timeout, though the process prints
+    nothing more (not only once more output, or a keepalive, finds it stuck)."""
+    stall = 0.5
+    server = DaemonServer(fast_config(stall_timeout=stall, keepalive_interval=30.0)).start()
+    try:
+        assert server.loop is not None
+        headers = {"Authorization": f"Bearer {server.token}"}
+        with httpx.Client(base_url=server.url, headers=headers, timeout=10) as http:
+            sid = http.post("/sandboxes", json={}).json()["sandbox_id"]
+            pid = http.post(f"/sandboxes/{sid}/processes", json={"argv": ["cat"]}).json()["pid"]
+            with _stream_socket(server.url, server.token, f"{sid}/processes/{pid}") as ghost:
+                raw = bytearray()
+                while b"\r\n\r\n" not in raw or not _frames(raw):  # then it never reads
+                    raw += ghost.recv(1 << 16)
+                process = server.host.get(sid).process(pid)
+                connections = server._server.server_state.connections
+
+                async def fill() -> None:
+                    for _ in range(10_000):
+                        # Each line finds its reader waiting at the head: sent at once.
+                        await poll(lambda: process.log._waiters._futures, 5, "the reader")
+                        process.capture("stdout", b"l" * 1023 + b"\n")
+                        if any(c.transport.get_write_buffer_size() for c in connections):
+                            return  # the kernel did not take all of it: the output stops
+                    raise AssertionError("the reader's socket never filled")
+
+                asyncio.run_coroutine_threadsafe(fill(), server.loop).result(30)
+                deadline = time.monotonic() + stall + 3
+                while (rows := http.get(f"/sandboxes/{sid}/consumers").json())[0][
+                    "state"
+                ] != "kicked":
+                    assert time.monotonic() < deadline, rows
+                    time.sleep(0.05)  # sleep-ok: polling with a deadline
             http.delete(f"/sandboxes/{sid}")
     finally:
         server.stop()

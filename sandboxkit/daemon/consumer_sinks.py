@@ -10,6 +10,7 @@ from sandboxkit.daemon.file_span import FileSpan
 
 __all__ = [
     "MIN_SHARE",
+    "Drain",
     "FrameSink",
     "PeerProbe",
     "SendBudget",
@@ -69,7 +70,12 @@ SendParts = Callable[[list[bytes | memoryview], int], Awaitable[None]]
 
 SendNow = Callable[[list[bytes | memoryview], int], bool]
 """A sink may also offer ``send_now(parts, size)``: send as ``send_parts`` would, at once
-and without waiting, if it can; ``False`` (nothing sent) if it cannot now."""
+and without waiting, if it can; ``False`` (nothing sent) if it cannot now. Such a sink
+offers ``drain()`` too (:data:`Drain`)."""
+
+Drain = Callable[[], Awaitable[None]]
+"""``drain()``: returns once the transport holds nothing of this stream's (what the
+kernel did not take of a ``send_now``)."""
 
 SendFile = Callable[[FileSpan], Awaitable[None]]
 """A sink may also offer ``send_file(span)``: send a span of a segment file as it is

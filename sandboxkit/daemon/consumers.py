@@ -14,6 +14,7 @@ from sandboxkit.daemon import heap
 from sandboxkit.daemon.config import DaemonConfig
 from sandboxkit.daemon.consumer_sinks import (
     MIN_SHARE,
+    Drain,
     FrameSink,
     PeerProbe,
     SendBudget,
@@ -138,6 +139,7 @@ class Consumer:
         self._peer_probe: PeerProbe | None = None
         self._send_parts: SendParts | None = None
         self._send_now: SendNow | None = None
+        self._drain: Drain | None = None
         self._send_file: SendFile | None = None
         self._size_buffer: SizeBuffer | None = None
         self._requested = cursor
@@ -155,11 +157,17 @@ class Consumer:
         """One of :data:`CONSUMER_STATES`: ``streaming``; ``blocked`` (its own send is
         stuck); ``starved`` (its output waits, yet it is not sending: held back by someone
         else); ``kicked`` or ``closed`` (final)."""
+        return self._observed()[0]
+
+    def _observed(self) -> tuple[ConsumerState, float | None, float | None]:
+        # The state, with its blocked_since and its starved_since (one unless final).
+        blocked = self.blocked_since
+        starved = None if blocked is not None else self.starved_since
         if self._final_state is not None:
-            return self._final_state
-        if self.blocked_since is not None:
-            return "blocked"
-        return "starved" if self.starved_since is not None else "streaming"
+            return self._final_state, blocked, starved
+        if blocked is not None:
+            return "blocked", blocked, starved
+        return ("starved" if starved is not None else "streaming"), blocked, starved
 
     @property
     def blocked_since(self) -> float | None:
@@ -209,19 +217,7 @@ class Consumer:
 
     def metrics(self) -> dict[str, Any]:
         """A JSON-ready snapshot of this consumer (the rows of ``GET /consumers``)."""
-        blocked = self.blocked_since
-        starved = None if blocked is not None else self.starved_since
-        state: ConsumerState
-        if self._final_state is not None:
-            state = self._final_state
-        else:
-            state = (
-                "blocked"
-                if blocked is not None
-                else "starved"
-                if starved is not None
-                else "streaming"
-            )
+        state, blocked, starved = self._observed()
         return {
             "consumer_id": self.consumer_id,
             "name": self.name,
@@ -252,9 +248,11 @@ class Consumer:
         self._peer_probe = getattr(sink, "window_closed_for", None)
         self._send_parts = getattr(sink, "send_parts", None)
         self._send_now = getattr(sink, "send_now", None)
+        self._drain = getattr(sink, "drain", None) if self._send_now is not None else None
         self._send_file = getattr(sink, "send_file", None)
         self._size_buffer = getattr(sink, "size_send_buffer", None)
         self._feed = feed = self.source.fanout.attach(self.cursor, self.kick)
+        self._stall.timeout = feed.stall_timeout
         self.cursor = feed.start
         self._record("consumer.attached", cursor=self.cursor)
         if self._requested is not None and self._requested != feed.start:
@@ -296,7 +294,7 @@ class Consumer:
         # connection (the sink's methods held the server's request, its buffers and its
         # transport, every one of the 400 that left at once), nor of its feed.
         self._peer_probe = self._send_parts = self._size_buffer = self._send_file = None
-        self._send_now = None
+        self._send_now = self._drain = None
         self._feed = None
         self._task = None
 
@@ -355,6 +353,8 @@ class Consumer:
             # sandbox nudges idle feeds when it changes, so that is at once too. An exit
             # is said by the end frame, after the rest of the output.
             await self._send_pulled(sink, pulled, told)
+            if pulled.served:
+                await self._drained()
             if pulled.ended:
                 await self._send(
                     sink,
@@ -372,6 +372,17 @@ class Consumer:
             idle = gap is None and not pulled.chunks and pulled.span is None
             if idle and not told and not pulled.served:
                 await self._send_keepalive(sink)
+
+    async def _drained(self) -> None:
+        # What the kernel did not take of a send from the append waits in the transport:
+        # waited for here, under the stall watch, as the rest of any send is (a reader
+        # that stopped reading is kicked even if no more output comes to find it stuck).
+        if self._drain is not None:
+            self._stall.start()
+            try:
+                await self._drain()
+            finally:
+                self._stall.stop()
 
     def _send_at_once(self) -> bool:
         """New output sent from the producer's own turn (the feed's ``Eager``), when it
@@ -492,7 +503,7 @@ class Consumer:
         data: bytes | list[bytes | memoryview] | FileSpan,
         frames: int = 1,
     ) -> None:
-        started = self._stall.start(self._feed.stall_timeout if self._feed else None)
+        started = self._stall.start()
         size = sum(map(len, data)) if isinstance(data, list) else len(data)
         try:
             if isinstance(data, bytes):

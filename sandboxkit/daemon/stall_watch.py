@@ -21,15 +21,14 @@ class StallWatch:
         """``kick(reason, blocked_for)``: ends the consumer."""
         self.since: float | None = None
         """Monotonic time the send in flight started (``None``: not sending)."""
+        self.timeout: float | None = None
+        """How long a send may make no progress (``None``: any; set by the owner)."""
         self._kick = kick
-        self._timeout: float | None = None
         self._timer: asyncio.TimerHandle | None = None
 
-    def start(self, timeout: float | None) -> float:
-        """A send starts, that may take ``timeout`` seconds (``None``: any); returns
-        when it started."""
+    def start(self) -> float:
+        """A send starts; returns when."""
         self.since = now = time.monotonic()
-        self._timeout = timeout
         if self._timer is None:
             self._arm(now)
         return now
@@ -44,16 +43,16 @@ class StallWatch:
             self._timer = None
 
     def _arm(self, since: float) -> None:
-        if self._timeout is None:
+        if self.timeout is None:
             return
         loop = asyncio.get_running_loop()
         self._timer = loop.call_at(
-            loop.time() + self._timeout - (time.monotonic() - since), self._fire
+            loop.time() + self.timeout - (time.monotonic() - since), self._fire
         )
 
     def _fire(self) -> None:
         self._timer = None
-        since, timeout = self.since, self._timeout
+        since, timeout = self.since, self.timeout
         if since is None or timeout is None:
             return  # not sending: the next send arms it again
         blocked_for = time.monotonic() - since

@@ -244,6 +244,12 @@ class AsgiSink:
         assert not rest  # (all of it taken, by the kernel or the transport)
         return True
 
+    async def drain(self) -> None:
+        """Returns once the transport holds nothing of this stream's: what the kernel did
+        not take of a :meth:`send_now`."""
+        if self._cycle is not None:
+            await self._writable()
+
     def _body_chunk(self, parts: list[bytes | memoryview], size: int) -> list[bytes | memoryview]:
         # One chunk of the chunked body (after what a span left owed: see SpanWriter).
         owed = self._spans.take_pending() if self._spans is not None else b""
