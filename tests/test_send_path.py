@@ -4,10 +4,13 @@ send buffer a consumer gets, and the choice of event loop."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import struct
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import httpx
 import pytest
@@ -15,9 +18,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support import ChunkedDecoder, LoopHold, fast_config, poll
 
+from sandboxkit.daemon.config import DaemonConfig
 from sandboxkit.daemon.host import Host
 from sandboxkit.daemon.http.fast_path import split
-from sandboxkit.daemon.process import ProcessSpec
+from sandboxkit.daemon.process import ManagedProcess, ProcessSpec
 from sandboxkit.daemon.server import DaemonServer, event_loop_factory
 from sandboxkit.daemon.tcp_peer import MAX_SEND_BUFFER, SEND_BUFFER, size_send_buffer
 from sandboxkit.wire import Frame, FrameDecoder, FrameKind
@@ -169,42 +173,62 @@ def test_peers_that_vanish_mid_stream_cost_no_writes_into_dead_sockets(
     assert "socket.send() raised exception" not in caplog.text
 
 
-@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
-def test_a_line_reaches_a_waiting_readers_socket_in_the_turn_that_read_it(loop: str) -> None:
-    """A reader waiting at the head of the log gets new output written to its socket by
-    the append itself, in the daemon's turn that read it from the process: not a turn
-    later, by the reader's own task (a printed line's latency, P3 in docs/performance.md).
-    Checked without a clock: the bytes are in the reader's socket before that turn ends."""
-    server = DaemonServer(fast_config(event_loop=loop)).start()
+@dataclass
+class _Waiting:
+    """A daemon on a thread, a sandbox's ``cat`` (silent until told) and a raw connection
+    to its stream that has read the response's head and the start frame (``raw``): its
+    consumer waits at the head of the log."""
+
+    server: DaemonServer
+    http: httpx.Client
+    sid: str
+    process: ManagedProcess
+    sock: socket.socket
+    raw: bytes
+
+
+@contextlib.contextmanager
+def _waiting_reader(config: DaemonConfig) -> Iterator[_Waiting]:
+    server = DaemonServer(config).start()
     try:
-        assert server.loop is not None and loop in type(server.loop).__module__
         headers = {"Authorization": f"Bearer {server.token}"}
         with httpx.Client(base_url=server.url, headers=headers, timeout=10) as http:
             sid = http.post("/sandboxes", json={}).json()["sandbox_id"]
             pid = http.post(f"/sandboxes/{sid}/processes", json={"argv": ["cat"]}).json()["pid"]
             with _stream_socket(server.url, server.token, f"{sid}/processes/{pid}") as sock:
                 raw = bytearray()
-                while b"\r\n\r\n" not in raw or not _frames(raw):  # the head, the start frame
+                while b"\r\n\r\n" not in raw or not _frames(raw):
                     block = sock.recv(1 << 16)
                     assert block, "the connection closed before the start frame"
                     raw += block
                 process = server.host.get(sid).process(pid)
-
-                async def print_a_line() -> bytes:
-                    # As the pipe's reader does; then, in the same turn, what has arrived.
-                    process.capture("stdout", b"hello\n")
-                    try:
-                        return sock.recv(1 << 16, socket.MSG_DONTWAIT)
-                    except BlockingIOError:
-                        return b""
-
-                arrived = asyncio.run_coroutine_threadsafe(print_a_line(), server.loop).result(10)
-                frames = _frames(raw + arrived)
-                assert frames[-1].kind is FrameKind.DATA, "the line waited for a later turn"
-                assert frames[-1].payload == b"hello\n"
+                yield _Waiting(server, http, sid, process, sock, bytes(raw))
             http.delete(f"/sandboxes/{sid}")
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_line_reaches_a_waiting_readers_socket_in_the_turn_that_read_it(loop: str) -> None:
+    """A reader waiting at the head of the log gets new output written to its socket by
+    the append itself, in the daemon's turn that read it from the process: not a turn
+    later, by the reader's own task (a printed line's latency, P3 in docs/performance.md).
+    Checked without a clock: the bytes are in the reader's socket before that turn ends."""
+    with _waiting_reader(fast_config(event_loop=loop)) as reader:
+        assert reader.server.loop is not None and loop in type(reader.server.loop).__module__
+
+        async def print_a_line() -> bytes:
+            # As the pipe's reader does; then, in the same turn, what has arrived.
+            reader.process.capture("stdout", b"hello\n")
+            try:
+                return reader.sock.recv(1 << 16, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return b""
+
+        arrived = asyncio.run_coroutine_threadsafe(print_a_line(), reader.server.loop).result(10)
+        frames = _frames(reader.raw + arrived)
+        assert frames[-1].kind is FrameKind.DATA, "the line waited for a later turn"
+        assert frames[-1].payload == b"hello\n"
 
 
 def test_a_reader_whose_socket_filled_on_a_line_sent_at_once_is_kicked_as_output_stops() -> None:
@@ -213,43 +237,30 @@ def test_a_reader_whose_socket_filled_on_a_line_sent_at_once_is_kicked_as_output
     that stopped reading is kicked after the stall timeout, though the process prints
     nothing more (not only once more output, or a keepalive, finds it stuck)."""
     stall = 0.5
-    server = DaemonServer(fast_config(stall_timeout=stall, keepalive_interval=30.0)).start()
-    try:
-        assert server.loop is not None
-        headers = {"Authorization": f"Bearer {server.token}"}
-        with httpx.Client(base_url=server.url, headers=headers, timeout=10) as http:
-            sid = http.post("/sandboxes", json={}).json()["sandbox_id"]
-            pid = http.post(f"/sandboxes/{sid}/processes", json={"argv": ["cat"]}).json()["pid"]
-            with _stream_socket(server.url, server.token, f"{sid}/processes/{pid}") as ghost:
-                raw = bytearray()
-                while b"\r\n\r\n" not in raw or not _frames(raw):  # then it never reads
-                    raw += ghost.recv(1 << 16)
-                process = server.host.get(sid).process(pid)
-                connections = server._server.server_state.connections
+    with _waiting_reader(fast_config(stall_timeout=stall, keepalive_interval=30.0)) as ghost:
+        assert ghost.server.loop is not None
+        process, connections = ghost.process, ghost.server._server.server_state.connections
 
-                async def fill() -> None:
-                    for _ in range(10_000):
-                        # Each line finds its reader waiting at the head: sent at once.
-                        await poll(lambda: process.log._waiters._futures, 5, "the reader")
-                        process.capture("stdout", b"l" * 1023 + b"\n")
-                        if any(c.transport.get_write_buffer_size() for c in connections):
-                            return  # the kernel did not take all of it: the output stops
-                    raise AssertionError("the reader's socket never filled")
+        async def fill() -> None:
+            for _ in range(10_000):
+                # Each line finds its reader waiting at the head: sent at once.
+                await poll(lambda: process.log._waiters._futures, 5, "the reader")
+                process.capture("stdout", b"l" * 1023 + b"\n")
+                if any(c.transport.get_write_buffer_size() for c in connections):
+                    return  # the kernel did not take all of it: the output stops
+            raise AssertionError("the reader's socket never filled")
 
-                asyncio.run_coroutine_threadsafe(fill(), server.loop).result(30)
-                deadline = time.monotonic() + stall + 3
-                while (rows := http.get(f"/sandboxes/{sid}/consumers").json())[0][
-                    "state"
-                ] != "kicked":
-                    assert time.monotonic() < deadline, rows
-                    time.sleep(0.05)  # sleep-ok: polling with a deadline
-            http.delete(f"/sandboxes/{sid}")
-    finally:
-        server.stop()
+        asyncio.run_coroutine_threadsafe(fill(), ghost.server.loop).result(30)
+        deadline = time.monotonic() + stall + 3
+        while (rows := ghost.http.get(f"/sandboxes/{ghost.sid}/consumers").json())[0][
+            "state"
+        ] != "kicked":
+            assert time.monotonic() < deadline, rows
+            time.sleep(0.05)  # sleep-ok: polling with a deadline
 
 
 def _stream_socket(
-    url: str, token: str, process: str, version: str = "1.1", close: bool = False
+    url: str, token: str | None, process: str, version: str = "1.1", close: bool = False
 ) -> socket.socket:
     """A connection that asked for ``process``'s stream (``SID/processes/PID``) from its
     first chunk, read raw; with ``close``, one the server closes at the stream's end."""
