@@ -7,7 +7,7 @@ import sys
 from collections.abc import Awaitable
 from typing import TypeVar
 
-__all__ = ["within"]
+__all__ = ["uncancel", "within"]
 
 T = TypeVar("T")
 
@@ -47,3 +47,11 @@ else:  # pragma: no cover - Python 3.10
             raise
         finally:
             handle.cancel()
+
+
+def uncancel() -> None:
+    """Take back one cancellation request of the current task, where Python counts them
+    (3.11+): a task cancelled on purpose (a consumer's kick) goes on to close cleanly."""
+    task = asyncio.current_task()
+    if task is not None and hasattr(task, "uncancel"):
+        task.uncancel()

@@ -68,9 +68,10 @@ SendParts = Callable[[list[bytes | memoryview], int], Awaitable[None]]
 """A sink may also offer ``send_parts(parts, size)``: send the concatenation of ``parts``
 (``size`` bytes), joining them itself with its own framing in one copy."""
 
-SendNow = Callable[[list[bytes | memoryview], int], bool]
+SendNow = Callable[[list[bytes | memoryview], int], int | None]
 """A sink may also offer ``send_now(parts, size)``: send as ``send_parts`` would, at once
-and without waiting, if it can; ``False`` (nothing sent) if it cannot now. Such a sink
+and without waiting, if it can, and return how many of the bytes its transport holds
+(what the kernel did not take); ``None`` (nothing sent) if it cannot now. Such a sink
 offers ``drain()`` too (:data:`Drain`)."""
 
 Drain = Callable[[], Awaitable[None]]

@@ -9,7 +9,7 @@ import itertools
 import time
 from typing import Any, Protocol
 
-from sandboxkit._compat import within
+from sandboxkit._compat import uncancel, within
 from sandboxkit.daemon import heap
 from sandboxkit.daemon.config import DaemonConfig
 from sandboxkit.daemon.consumer_sinks import (
@@ -140,6 +140,7 @@ class Consumer:
         self._send_parts: SendParts | None = None
         self._send_now: SendNow | None = None
         self._drain: Drain | None = None
+        self._owed = False  # a send from the append left bytes with the transport
         self._send_file: SendFile | None = None
         self._size_buffer: SizeBuffer | None = None
         self._requested = cursor
@@ -271,7 +272,7 @@ class Consumer:
                 reason = "detached"
                 raise
             reason = "kicked"
-            _uncancel()
+            uncancel()  # the kick cancelled this task on purpose
             await self._kick(sink, *self._kick_request)
         except SandboxkitError as exc:
             reason = exc.code
@@ -353,7 +354,7 @@ class Consumer:
             # sandbox nudges idle feeds when it changes, so that is at once too. An exit
             # is said by the end frame, after the rest of the output.
             await self._send_pulled(sink, pulled, told)
-            if pulled.served:
+            if self._owed:
                 await self._drained()
             if pulled.ended:
                 await self._send(
@@ -374,22 +375,22 @@ class Consumer:
                 await self._send_keepalive(sink)
 
     async def _drained(self) -> None:
-        # What the kernel did not take of a send from the append waits in the transport:
-        # waited for here, under the stall watch, as the rest of any send is (a reader
-        # that stopped reading is kicked even if no more output comes to find it stuck).
-        if self._drain is not None:
-            self._stall.start()
-            try:
-                await self._drain()
-            finally:
-                self._stall.stop()
+        # What the kernel did not take of a send from the append, waited for under the
+        # stall watch as any send's rest (a reader that stopped reading is kicked then).
+        self._owed = False
+        assert self._drain is not None
+        self._stall.start()
+        try:
+            await self._drain()
+        finally:
+            self._stall.stop()
 
     def _send_at_once(self) -> bool:
-        """New output sent from the producer's own turn (the feed's ``Eager``), when it
-        is small (a line, a prompt: a printed line's latency is what this is for), every
-        state change has been told, and the connection takes bytes now. ``False`` leaves
-        it to this consumer's task, a turn later; bulk output always goes that way, in
-        sends as large as the peer drains (``_send``)."""
+        """New output sent from the producer's own turn (the feed's ``Eager``) when it is
+        small (a line, a prompt: for a printed line's latency), every state change has
+        been told and the connection takes bytes now. ``False`` leaves it to the task, a
+        turn later; bulk output always goes that way, in sends as large as the peer
+        drains (``_send``)."""
         send_now, log = self._send_now, self.source.log
         if send_now is None or self._kick_request is not None or self._final_state is not None:
             return False
@@ -405,8 +406,10 @@ class Consumer:
         for chunk in chunks:
             parts += (chunk.head, chunk.data)
         size = sum(map(len, parts))
-        if not send_now(parts, size):
+        left = send_now(parts, size)
+        if left is None:
             return False
+        self._owed = left > 0
         self.cursor = chunks[-1].seq + 1
         self._sent(size, len(chunks))
         return True
@@ -586,13 +589,6 @@ class Consumer:
             role=self.role,
             **data,
         )
-
-
-def _uncancel() -> None:
-    # The kick cancelled this task on purpose; the task goes on to close cleanly.
-    task = asyncio.current_task()
-    if task is not None and hasattr(task, "uncancel"):
-        task.uncancel()
 
 
 def _wall(monotonic_ts: float) -> float:

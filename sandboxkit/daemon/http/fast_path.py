@@ -220,13 +220,15 @@ class AsgiSink:
                 cycle.transport.close()
                 raise
 
-    def send_now(self, parts: list[bytes | memoryview], size: int) -> bool:
+    def send_now(self, parts: list[bytes | memoryview], size: int) -> int | None:
         """Send the concatenation of ``parts`` as one body chunk at once, without waiting,
         if that can be done: the connection takes bytes now (its transport holds none)
         and ``size`` is at most :data:`PENDING_BYTES`, so whatever the kernel does not
-        take the transport may hold. ``False``: nothing was sent (:meth:`send_parts`
-        then sends it, waiting its turn). A consumer at the head of its log sends from
-        the producer's own turn this way (``Consumer``, P3 in docs/performance.md)."""
+        take the transport may hold. Returns how many bytes it holds then (0: the kernel
+        took them all; :meth:`drain` waits for the rest); ``None``: nothing was sent
+        (:meth:`send_parts` then sends it, waiting its turn). A consumer at the head of
+        its log sends from the producer's own turn this way (``Consumer``, P3 in
+        docs/performance.md)."""
         cycle = self._cycle
         if (
             cycle is None
@@ -238,11 +240,11 @@ class AsgiSink:
             or cycle.disconnected
             or cycle.transport.is_closing()
         ):
-            return False
+            return None
         chunk = self._body_chunk(parts, size)
         rest = self._write(chunk, sum(map(len, chunk)))
         assert not rest  # (all of it taken, by the kernel or the transport)
-        return True
+        return int(cycle.transport.get_write_buffer_size())
 
     async def drain(self) -> None:
         """Returns once the transport holds nothing of this stream's: what the kernel did
