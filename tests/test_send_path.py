@@ -244,7 +244,7 @@ def test_a_reader_whose_socket_filled_on_a_line_sent_at_once_is_kicked_as_output
         async def fill() -> None:
             for _ in range(10_000):
                 # Each line finds its reader waiting at the head: sent at once.
-                await poll(lambda: process.log._waiters._futures, 5, "the reader")
+                await poll(lambda: process.log._waiters._futures, 5, "the reader", interval=0)
                 process.capture("stdout", b"l" * 1023 + b"\n")
                 if any(c.transport.get_write_buffer_size() for c in connections):
                     return  # the kernel did not take all of it: the output stops
