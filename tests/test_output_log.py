@@ -353,10 +353,11 @@ async def test_a_readers_on_wake_runs_in_the_appends_turn_and_its_fault_stays_it
     log = OutputLog(_BIG)
     seen: list[bytes] = []
 
-    def look() -> None:
+    def look() -> bool:
         seen.extend(chunk.data for chunk in log.read(0, 100)[1])
+        return False  # its task is woken as well
 
-    def fail() -> None:
+    def fail() -> bool:
         raise RuntimeError("a reader's bug")
 
     looking = asyncio.create_task(log.wait(0, 5, look))
@@ -367,6 +368,42 @@ async def test_a_readers_on_wake_runs_in_the_appends_turn_and_its_fault_stays_it
     assert seen == [b"x"]  # before either task ran again
     assert await asyncio.wait_for(asyncio.gather(looking, failing), 1) == [True, True]
     assert "a reader's bug" in caplog.text
+
+
+@pytest.mark.timeout(10)
+async def test_a_reader_whose_on_wake_did_its_work_waits_on_and_its_timeout_restarts() -> None:
+    """A reader whose ``on_wake`` sent the new output itself (it returns ``True``) is not
+    woken: its task sleeps on through line after line. Its timeout (a consumer's
+    keepalive) counts from the last output it took so, and a wake its ``on_wake`` leaves
+    to the task (a nudge: nothing new) wakes it. Driven by the loop's clock, set by hand."""
+    loop = asyncio.get_running_loop()
+    now = [loop.time()]
+    log = OutputLog(_BIG)
+    taken: list[int] = []
+
+    def take() -> bool:
+        chunks = log.read(len(taken), 100)[1]
+        taken.extend(chunk.seq for chunk in chunks)
+        return bool(chunks)
+
+    with mock.patch.object(loop, "time", lambda: now[0]):
+        waiting = asyncio.create_task(log.wait(0, 10, take))
+        await _blocked(waiting)
+        for line in range(3):
+            now[0] += 9  # each line within the timeout of the one before, 27 s in all
+            await _blocked(waiting)
+            assert log.append("stdout", b"line %d\n" % line) is not None
+            await _blocked(waiting)
+        assert taken == [0, 1, 2]
+        now[0] += 9.5  # 9.5 s since the last line: not yet
+        await _blocked(waiting)
+        now[0] += 1
+        assert await asyncio.wait_for(waiting, 1) is False  # the timeout, from the last line
+
+        waiting = asyncio.create_task(log.wait(3, 10, take))
+        await _blocked(waiting)
+        log.nudge()  # nothing new for on_wake to take: its task is woken
+        assert await asyncio.wait_for(waiting, 1) is True
 
 
 async def test_readers_woken_by_an_append_run_before_the_log_writes_to_disk(

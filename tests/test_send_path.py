@@ -231,6 +231,46 @@ def test_a_line_reaches_a_waiting_readers_socket_in_the_turn_that_read_it(loop: 
         assert frames[-1].payload == b"hello\n"
 
 
+def test_lines_sent_at_once_leave_their_readers_task_asleep_and_keepalives_on_time() -> None:
+    """Line after line sent from the appends (above) never wakes the reader's own task:
+    it has nothing to do, and waking it cost the daemon a turn of Python per line and
+    reader. It wakes for what only it does: a keepalive once the output stops, a pause
+    told at once."""
+    config = fast_config(keepalive_interval=0.5, stall_timeout=30.0)
+    with _waiting_reader(config) as reader:
+        assert reader.server.loop is not None
+        log = reader.process.log
+
+        async def print_lines() -> list[object]:
+            waits = []
+            for i in range(5):
+                await poll(lambda: log._waiters._futures, 5, "the reader", interval=0)
+                waits.append(next(iter(log._waiters._futures)))
+                reader.process.capture("stdout", b"line %d\n" % i)
+                for _ in range(3):  # the turns its task would have taken
+                    await asyncio.sleep(0)
+            return waits
+
+        waits = asyncio.run_coroutine_threadsafe(print_lines(), reader.server.loop).result(10)
+        assert len({id(w) for w in waits}) == 1, "the reader's task woke for a line"
+        raw = bytearray(reader.raw)
+        deadline = time.monotonic() + 10
+        while not any(f.kind is FrameKind.KEEPALIVE for f in _frames(raw)):
+            assert time.monotonic() < deadline, "no keepalive once the output stopped"
+            reader.sock.settimeout(deadline - time.monotonic())
+            raw += reader.sock.recv(1 << 16)
+        frames = _frames(raw)
+        lines = b"".join(f.payload for f in frames if f.kind is FrameKind.DATA)
+        assert lines == b"".join(b"line %d\n" % i for i in range(5))
+        assert frames[-1].kind is FrameKind.KEEPALIVE and frames[-1].meta["cursor"] == 5
+        reader.http.post(f"/sandboxes/{reader.sid}/pause").raise_for_status()
+        while (last := _frames(raw)[-1]).meta.get("sandbox_state") != "paused":
+            assert time.monotonic() < deadline, f"the pause was not told: {last}"
+            reader.sock.settimeout(deadline - time.monotonic())
+            raw += reader.sock.recv(1 << 16)
+        reader.http.post(f"/sandboxes/{reader.sid}/resume").raise_for_status()
+
+
 def test_a_reader_whose_socket_filled_on_a_line_sent_at_once_is_kicked_as_output_stops() -> None:
     """What the kernel did not take of a line the append sent (above) waits in the
     transport, and its reader's task waits for it as for the rest of any send: a reader

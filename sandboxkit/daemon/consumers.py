@@ -24,7 +24,7 @@ from sandboxkit.daemon.consumer_sinks import (
     SizeBuffer,
 )
 from sandboxkit.daemon.events import EventJournal
-from sandboxkit.daemon.fanout import Fanout, Feed, Pull
+from sandboxkit.daemon.fanout import Fanout, Feed, Offered, Pull
 from sandboxkit.daemon.file_span import FileSpan
 from sandboxkit.daemon.output_log import Chunk, Gap, OutputLog
 from sandboxkit.daemon.stall_watch import StallWatch
@@ -385,34 +385,36 @@ class Consumer:
         finally:
             self._stall.stop()
 
-    def _send_at_once(self) -> bool:
+    def _send_at_once(self) -> Offered:
         """New output sent from the producer's own turn (the feed's ``Eager``) when it is
         small (a line, a prompt: for a printed line's latency), every state change has
-        been told and the connection takes bytes now. ``False`` leaves it to the task, a
+        been told and the connection takes bytes now. ``LEFT`` leaves it to the task, a
         turn later; bulk output always goes that way, in sends as large as the peer
         drains (``_send``)."""
         send_now, log = self._send_now, self.source.log
         if send_now is None or self._kick_request is not None or self._final_state is not None:
-            return False
+            return Offered.LEFT
         if not 0 < log.total_bytes - log.offset_of(self.cursor) <= PENDING_BYTES:
-            return False
+            return Offered.LEFT
         states = self.source.states()
         if states != self._states_sent and states["process_state"] != "exited":
-            return False  # (told first, by the task)
+            return Offered.LEFT  # (told first, by the task)
         gap, chunks = log.read(self.cursor, PENDING_BYTES)
         if gap is not None or not chunks:
-            return False
+            return Offered.LEFT
         parts: list[bytes | memoryview] = []
         for chunk in chunks:
             parts += (chunk.head, chunk.data)
         size = sum(map(len, parts))
         left = send_now(parts, size)
         if left is None:
-            return False
-        self._owed = left > 0
+            return Offered.LEFT
         self.cursor = chunks[-1].seq + 1
         self._sent(size, len(chunks))
-        return True
+        if left:  # the task waits for what the transport holds (_drained)
+            self._owed = True
+            return Offered.SENT
+        return Offered.DONE
 
     async def _send_pulled(self, sink: FrameSink, pulled: Pull, told: bool) -> None:
         try:  # (a span holds a descriptor: let go of it whatever happens)

@@ -13,6 +13,7 @@ fenced off in :mod:`sandboxkit.daemon.faults`.
 from __future__ import annotations
 
 import abc
+import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -20,15 +21,27 @@ from typing import ClassVar
 from sandboxkit.daemon.file_span import FileSpan
 from sandboxkit.daemon.output_log import Chunk, Gap, OutputLog
 
-__all__ = ["CursorFanout", "Eager", "Fanout", "Feed", "Kick", "Pull"]
+__all__ = ["CursorFanout", "Eager", "Fanout", "Feed", "Kick", "Offered", "Pull"]
 
 Kick = Callable[[str, float], None]
 """How a policy kicks a consumer from outside its task: ``kick(reason, blocked_for)``."""
 
-Eager = Callable[[], bool]
+
+class Offered(enum.Enum):
+    """What a consumer's :data:`Eager` did with output offered to it."""
+
+    LEFT = "left"
+    """Not sent: its task reads it, a turn of the event loop later."""
+    SENT = "sent"
+    """Sent; its task still has work (bytes the transport holds, to wait for)."""
+    DONE = "done"
+    """Sent, and nothing for its task to do: the pull goes on waiting, the task asleep."""
+
+
+Eager = Callable[[], Offered]
 """What a consumer may hand its pull: run in the producer's own turn when output arrives
-while the pull waits, it sends that output at once if it can and says whether it did (its
-cursor then past it). The output leaves a turn of the event loop earlier than through the
+while the pull waits, it sends that output at once if it can (its cursor then past it)
+and says so. The output leaves a turn of the event loop earlier than through the
 consumer's task (P3, docs/performance.md); it must not raise nor wait."""
 
 
@@ -43,7 +56,8 @@ class Pull:
     """Frames of a segment file to send as they are (after ``gap``; the consumer closes
     it): what a reader behind the cache of a zero-copy log gets instead of chunks."""
     served: bool = False
-    """The new output this pull waited for was sent by the consumer's :data:`Eager`."""
+    """Output that came while this pull waited was sent by the consumer's :data:`Eager`:
+    the consumer's cursor moved (read from it again)."""
 
 
 class Feed(abc.ABC):
@@ -104,13 +118,18 @@ class _LogFeed(Feed):
                 return Pull(ended=True)
             served = False
 
-            def offer() -> None:
+            def offer() -> bool:
                 nonlocal served
-                served = eager is not None and eager()
+                assert eager is not None
+                offered = eager()
+                served = served or offered is not Offered.LEFT
+                return offered is Offered.DONE and not log.ended
 
-            await log.wait(cursor, timeout, None if eager is None else offer)
+            woke = await log.wait(cursor, timeout, None if eager is None else offer)
             if served:
-                return Pull(served=True)
+                # Its cursor moved: nothing to read from the old one. A timeout (no output
+                # since the last line sent) leaves an idle pull: a keepalive is due.
+                return Pull(served=woke)
             pulled = self._read(cursor, max_bytes)
             pulled.ended = pulled.gap is None and not pulled.chunks and log.ended
         return pulled

@@ -585,7 +585,7 @@ class OutputLog:
 
     async def wait(self, cursor: int, timeout: float | None, on_wake: OnWake | None = None) -> bool:
         """Wait until chunk ``cursor`` exists or the log ends; ``False`` on timeout.
-        ``on_wake``: run by the append (or end) that wakes this reader, in its own turn."""
+        ``on_wake``: run by the append (or end) that wakes it (:data:`.log_waiters.OnWake`)."""
         if self._head > cursor or self.ended:
             return True
         self._read_horizon = self._head  # a reader waits past the newest chunk: seal it
