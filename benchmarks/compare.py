@@ -180,9 +180,45 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def cpu_seconds_exact(pid: int) -> float:
+    """The CPU time of process ``pid`` so far (all its threads), to the nanosecond (the
+    scheduler's own count; ``/proc/<pid>/stat`` counts in ticks of 10 ms)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(FileNotFoundError), open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+            total += int(f.read().split()[0])
+    return total / 1e9
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class _Lines:
+    """One P3 run's lines as they reach the callback: each one's latency from the child's
+    clock, and the CPU the server (``pid``) spent per line from the first counted to the
+    last (what each side does for a line; the first lines warm the run up)."""
+
+    SKIP = 5
+
+    def __init__(self, pid: int, n: int) -> None:
+        self.pid = pid
+        self.n = n
+        self._lat: list[float] = []
+        self._cpu_from = 0.0
+        self.server_cpu = 0.0
+
+    def line(self, text: str | bytes) -> None:
+        self._lat.append(time.time() - float(text))
+        if len(self._lat) == self.SKIP:
+            self._cpu_from = cpu_seconds_exact(self.pid)
+        elif len(self._lat) == self.n:
+            self.server_cpu = (cpu_seconds_exact(self.pid) - self._cpu_from) / (self.n - self.SKIP)
+
+    @property
+    def latencies(self) -> list[float]:
+        return self._lat[self.SKIP :]
 
 
 # -- reference servers ---------------------------------------------------------------
@@ -650,22 +686,26 @@ class Bench:
                          extra={"reference": True}))  # fmt: skip
 
     # P3, P4, P5 unary ----------------------------------------------------------------
-    def latency(self, info: Any) -> None:
+    def latency(self, info: Any, pid: int) -> None:
+        """``info``, ``pid``: the daemon's state and process."""
         port = _free_port()
-        with running([sys.executable, "-c", BARE_REF, str(port), LINES], port):
+        with running([sys.executable, "-c", BARE_REF, str(port), LINES], port) as ref:
             self.idle("P3")
             # Where the three processes land moves a run's p50 more than either side's
             # code does (0.2-0.4 ms between runs): more, shorter runs, the same lines.
             n_lines = 150 if self.quick else 200
             sdk, bare = self.in_turns(
-                lambda: self._sdk_lines(info, n_lines),
-                lambda: self._bare_lines(port, n_lines),
+                lambda: self._sdk_lines(info, _Lines(pid, n_lines)),
+                lambda: self._bare_lines(port, _Lines(ref.pid, n_lines)),
                 self.runs if self.quick else 3 * self.runs,
             )
             for q, name in ((0.5, "p50"), (0.99, "p99")):
                 self.add(Row("P3", f"child line -> callback {name}", "ms",
-                             [percentile(s, q) * 1e3 for s in sdk], "uvicorn -> httpx",
-                             [percentile(b, q) * 1e3 for b in bare]))  # fmt: skip
+                             [percentile(s.latencies, q) * 1e3 for s in sdk], "uvicorn -> httpx",
+                             [percentile(b.latencies, q) * 1e3 for b in bare]))  # fmt: skip
+            self.add(Row("P3", "the server's CPU per line", "us",
+                         [s.server_cpu * 1e6 for s in sdk], "bare uvicorn",
+                         [b.server_cpu * 1e6 for b in bare]))  # fmt: skip
             self.idle("P4")
             tries = 30 if self.quick else 100
             sdk, bare = self.in_turns(
@@ -694,28 +734,25 @@ class Bench:
                 out[side].append(asyncio.run((ours, theirs)[side]()))
         return out
 
-    async def _sdk_lines(self, info: Any, n: int) -> list[float]:
-        lat: list[float] = []
+    async def _sdk_lines(self, info: Any, lines: _Lines) -> _Lines:
         async with await AsyncSandbox.create(url=info.url, token=info.token) as sbx:
-            script = LINES.replace("N_LINES", str(n))
+            script = LINES.replace("N_LINES", str(lines.n))
             h = await sbx.commands.run(
-                [sys.executable, "-c", script], background=True,
-                on_stdout=lambda line: lat.append(time.time() - float(line)),
-            )  # fmt: skip
+                [sys.executable, "-c", script], background=True, on_stdout=lines.line
+            )
             await h.wait()
-        return lat[5:]
+        return lines
 
-    async def _bare_lines(self, port: int, n: int) -> list[float]:
-        lat: list[float] = []
-        url = f"http://127.0.0.1:{port}/lines?n={n}"
+    async def _bare_lines(self, port: int, lines: _Lines) -> _Lines:
+        url = f"http://127.0.0.1:{port}/lines?n={lines.n}"
         async with httpx.AsyncClient() as http, http.stream("GET", url) as r:
             buf = b""
             async for data in r.aiter_raw():
                 buf += data
-                *lines, buf = buf.split(b"\n")
-                now = time.time()
-                lat.extend(now - float(line) for line in lines)
-        return lat[5:]
+                *got, buf = buf.split(b"\n")
+                for line in got:
+                    lines.line(line)
+        return lines
 
     async def _sdk_replay(self, info: Any, tries: int) -> list[float]:
         out: list[float] = []
@@ -1028,7 +1065,7 @@ def main() -> None:
         if "P1" in args.sections:
             bench.p1(daemon, extra, loops)
         if "P3" in args.sections:
-            bench.latency(info)
+            bench.latency(info, daemon[0].pid)
         if "P5" in args.sections:
             isolated = None
             if probe().available:  # daemons of their own: the others' run unisolated
