@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support import poll
 
-from sandboxkit.daemon import heap, segment_store
+from sandboxkit.daemon import heap, segment_store, write_behind
 from sandboxkit.daemon.config import DaemonConfig
 from sandboxkit.daemon.host import Host
 from sandboxkit.daemon.output_log import Chunk, Gap, OutputLog
@@ -406,14 +406,17 @@ async def test_a_reader_whose_on_wake_did_its_work_waits_on_and_its_timeout_rest
         assert await asyncio.wait_for(waiting, 1) is True
 
 
-async def test_readers_woken_by_an_append_run_before_the_log_writes_to_disk(
+async def test_a_trickle_is_written_to_disk_in_one_batch_after_its_readers(
     tmp_path: Path,
 ) -> None:
     """The segment store's work for a chunk (its CRC, its buffering, now and then a file
-    write) waits until the readers that the next append woke have had their turn: it is
-    not on the way from a process's write to its readers' sockets (P3,
-    docs/performance.md)."""
-    log = OutputLog(1 << 20, directory=tmp_path / "log", cache_bytes=1 << 20)
+    write) is not on the way from a process's write to its readers' sockets (P3,
+    docs/performance.md): a trickle of lines is written in one batch, ``DELAY`` after
+    the first of them, after every reader's turn; bulk output in the next turn; the end
+    writes the rest at once. Driven by the loop's clock, set by hand."""
+    loop = asyncio.get_running_loop()
+    now = [loop.time()]
+    log = OutputLog(1 << 22, directory=tmp_path / "log", cache_bytes=1 << 22)
     order: list[str] = []
     write = SegmentStore.write
 
@@ -425,17 +428,36 @@ async def test_readers_woken_by_an_append_run_before_the_log_writes_to_disk(
         assert await log.wait(cursor, 5)
         order.append(f"read {cursor}")
 
-    with mock.patch.object(SegmentStore, "write", recorded):
+    async def turns() -> None:
+        for _ in range(5):
+            await asyncio.sleep(0)
+
+    with (
+        mock.patch.object(SegmentStore, "write", recorded),
+        mock.patch.object(loop, "time", lambda: now[0]),
+    ):
         log.append("stdout", b"a")  # the newest stays unwritten: it may still be extended
-        task = asyncio.create_task(reader(1))
-        await _blocked(task)
-        log.append("stderr", b"b")  # now chunk 0 is written: after the reader's turn
-        await task
-        await asyncio.sleep(0)
-        assert order == ["read 1", "write 0"]
+        for seq, line in enumerate((b"b", b"c", b"d"), 1):
+            task = asyncio.create_task(reader(seq))
+            await turns()
+            log.append("stderr" if seq % 2 else "stdout", line)
+            await task
+            await turns()
+            now[0] += write_behind.DELAY / 4  # lines a few ms apart
+        assert order == ["read 1", "read 2", "read 3"]  # nothing written yet
+        now[0] += write_behind.DELAY
+        await turns()
+        assert order[3:] == ["write 0", "write 1", "write 2"]  # one batch
+        del order[:]
+        for _ in range(write_behind.BATCH_BYTES // 4096 + 1):  # bulk: at once
+            log.append("stderr" if len(order) % 2 else "stdout", b"x" * 4096)
+            log.append("stdout", b"y")
+        await turns()
+        assert order and order[-1] == f"write {log.head - 2}"
+        log.append("stderr", b"z")
         log.finish(0)  # the end writes the rest at once
-        assert order == ["read 1", "write 0", "write 1"]
-    assert log.read(0, 100)[1][0].data == b"a" and log.read(1, 100)[1][0].data == b"b"
+        assert order[-2:] == [f"write {log.head - 2}", f"write {log.head - 1}"]
+    assert log.read(0, 100)[1][0].data == b"a" and log.read(3, 100)[1][0].data == b"d"
     log.close()
 
 

@@ -3,7 +3,6 @@ append-only segment files with the newest chunks cached in memory."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
 import time
@@ -23,6 +22,7 @@ from sandboxkit.daemon.segment_store import (
     SegmentDamaged,
     SegmentStore,
 )
+from sandboxkit.daemon.write_behind import WriteBehind
 from sandboxkit.vocab import LogStorage
 from sandboxkit.wire import FrameKind, encode_frame_head
 
@@ -130,6 +130,7 @@ class OutputLog:
         self._evicted_bytes = 0
         self._closed = False
         self._waiters = Waiters()
+        self._behind = WriteBehind(self._written_behind)
         self.ended = False
         self.exit_code: int | None = None
         self.ended_at: float | None = None
@@ -257,7 +258,6 @@ class OutputLog:
             self._cache_cost += chunk.frame_size + CHUNK_OVERHEAD
         self._total += len(data)
         self._retained += len(data)
-        loop = None if extend else self._write_behind()
         if self._on_disk:
             self._evict_segments()
             self._trim_cache()
@@ -266,8 +266,7 @@ class OutputLog:
         if not extend:
             # (An extended chunk's readers were woken when it was first appended.)
             self._wake()
-            if loop is not None:  # after the readers' turn, which the wake just queued
-                loop.call_soon(self._written_behind)
+            self._behind_due(chunk)  # (after the wake: see .write_behind)
         return chunk
 
     def _extend(self, last: Chunk, data: bytes) -> Chunk:
@@ -302,6 +301,7 @@ class OutputLog:
         """Mark the log complete with the process's exit code (idempotent)."""
         if self.ended:
             return
+        self._behind.cancel()
         self._write_up_to(self._head)
         if self._flush() and self._store is not None:
             self._store.close_files()
@@ -333,6 +333,7 @@ class OutputLog:
         if self._closed:
             return
         self._closed = True
+        self._behind.cancel()
         freed = self.memory_bytes
         self._cache.clear()
         self._cache_cost = 0
@@ -347,18 +348,17 @@ class OutputLog:
 
     # -- on disk: the segment store ----------------------------------------------------
 
-    def _write_behind(self) -> asyncio.AbstractEventLoop | None:
-        """The loop to put the chunks before the newest into the store on, once the
-        readers an append woke had their turn (their CRC and buffering are then not on
-        the way to the readers' sockets: P3, docs/performance.md); ``None``: none, or
-        written now (outside a loop). The cache holds them meanwhile (_trim_cache)."""
-        try:
-            return asyncio.get_running_loop() if self._on_disk else None
-        except RuntimeError:
-            self._write_up_to(self._head - 1)
-            return None
+    def _behind_due(self, newest: Chunk) -> None:
+        store = self._on_disk_store()
+        if store is None:
+            return
+        waiting, over = self._head - 1 - store.written, self._cost > self.retention_bytes
+        if waiting or over:  # (only written output can be evicted)
+            first = self._cache[store.written - self._cache_first] if waiting else newest
+            self._behind.due(waiting, newest.offset - first.offset, over)
 
     def _written_behind(self) -> None:
+        # The chunks before the newest into the store, once due (see .write_behind).
         self._write_up_to(self._head - 1)
         if self._on_disk:
             self._evict_segments()
