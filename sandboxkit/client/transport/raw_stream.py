@@ -20,7 +20,7 @@ import contextlib
 import json
 import socket
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 from urllib.parse import urlsplit
 
 from sandboxkit._compat import within
@@ -119,8 +119,8 @@ class _Reader(asyncio.BufferedProtocol):
     # -- the event loop's side -------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # (uvloop's transports are not asyncio.Transport instances, only alike)
+        self.transport = cast(asyncio.Transport, transport)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         space = self._buffer.space()

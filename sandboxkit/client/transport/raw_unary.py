@@ -28,6 +28,7 @@ import asyncio
 import select
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from typing import cast
 from urllib.parse import urlsplit
 
 from sandboxkit._compat import within
@@ -94,8 +95,8 @@ class _Connection(asyncio.Protocol):
     # -- the event loop's side -------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # (uvloop's transports are not asyncio.Transport instances, only alike)
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         waiter = self._waiter
