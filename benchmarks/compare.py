@@ -174,13 +174,6 @@ def wait_idle(deadline: float, threshold: float = 0.25) -> float:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU of process ``pid`` so far (all its threads)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds_exact(pid: int) -> float:
     """The CPU time of process ``pid`` so far (all its threads), to the nanosecond (the
     scheduler's own count; ``/proc/<pid>/stat`` counts in ticks of 10 ms)."""
     total = 0
@@ -212,9 +205,9 @@ class _Lines:
     def line(self, text: str | bytes) -> None:
         self._lat.append(time.time() - float(text))
         if len(self._lat) == self.SKIP:
-            self._cpu_from = cpu_seconds_exact(self.pid)
+            self._cpu_from = cpu_seconds(self.pid)
         elif len(self._lat) == self.n:
-            self.server_cpu = (cpu_seconds_exact(self.pid) - self._cpu_from) / (self.n - self.SKIP)
+            self.server_cpu = (cpu_seconds(self.pid) - self._cpu_from) / (self.n - self.SKIP)
 
     @property
     def latencies(self) -> list[float]:
