@@ -30,7 +30,8 @@ from typing import Any
 
 import httpx
 from _daemon import local_daemon
-from compare import BARE_REF, LINES, _free_port, running
+from _figures import BARE_REF, LINES
+from compare import _free_port, running
 
 from sandboxkit import AsyncSandbox
 

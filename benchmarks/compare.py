@@ -42,6 +42,22 @@ from typing import Any, TypeVar
 
 import httpx
 from _daemon import local_daemon, stop
+from _figures import (
+    BARE_REF,
+    LINES,
+    Lines,
+    bare_lines,
+    bare_replay,
+    bare_unary,
+    cpu_seconds,
+    create_first,
+    pause_resume,
+    percentile,
+    run_true,
+    sdk_lines,
+    sdk_replay,
+    sdk_unary,
+)
 from fanout import BARE_APP, CHUNK, WRITER, _free_port, _read_all, _wait_port, bare_run
 
 from sandboxkit import AsyncSandbox
@@ -173,102 +189,7 @@ def wait_idle(deadline: float, threshold: float = 0.25) -> float:
     return busy
 
 
-def cpu_seconds(pid: int) -> float:
-    """The CPU time of process ``pid`` so far (all its threads), to the nanosecond (the
-    scheduler's own count; ``/proc/<pid>/stat`` counts in ticks of 10 ms)."""
-    total = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        with contextlib.suppress(FileNotFoundError), open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-            total += int(f.read().split()[0])
-    return total / 1e9
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-class _Lines:
-    """One P3 run's lines as they reach the callback: each one's latency from the child's
-    clock, and the CPU the server (``pid``) spent per line from the first counted to the
-    last (what each side does for a line; the first lines warm the run up)."""
-
-    SKIP = 5
-
-    def __init__(self, pid: int, n: int) -> None:
-        self.pid = pid
-        self.n = n
-        self._lat: list[float] = []
-        self._cpu_from = 0.0
-        self.server_cpu = 0.0
-
-    def line(self, text: str | bytes) -> None:
-        self._lat.append(time.time() - float(text))
-        if len(self._lat) == self.SKIP:
-            self._cpu_from = cpu_seconds(self.pid)
-        elif len(self._lat) == self.n:
-            self.server_cpu = (cpu_seconds(self.pid) - self._cpu_from) / (self.n - self.SKIP)
-
-    @property
-    def latencies(self) -> list[float]:
-        return self._lat[self.SKIP :]
-
-
 # -- reference servers ---------------------------------------------------------------
-
-# A bare uvicorn app for the non-fan-out references: a JSON endpoint, a line streamer
-# (a child printing timestamps) and a 1 MB replay.
-BARE_REF = """
-import asyncio, json, logging, sys, uvicorn
-REPLAY = b"r" * (1 << 20)
-# A reader that leaves after its first byte makes asyncio log every later send: quiet.
-logging.getLogger("asyncio").setLevel(logging.ERROR)
-
-async def app(scope, receive, send):
-    if scope["type"] != "http":
-        return
-    path = scope["path"]
-    headers = [(b"content-type", b"application/json")]
-    if path == "/json":
-        body = json.dumps({"sandbox_id": "sbx-0", "state": "running"}).encode()
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
-        return
-    await send({"type": "http.response.start", "status": 200,
-                "headers": [(b"content-type", b"application/octet-stream")]})
-    if path == "/replay":
-        for i in range(0, len(REPLAY), 65536):
-            await send({"type": "http.response.body", "body": REPLAY[i:i + 65536],
-                        "more_body": True})
-    elif path == "/lines":
-        n = int(scope["query_string"].decode().split("=")[1])
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", sys.argv[2].replace("N_LINES", str(n)),
-            stdout=asyncio.subprocess.PIPE)
-        while line := await proc.stdout.readline():
-            await send({"type": "http.response.body", "body": line, "more_body": True})
-        await proc.wait()
-    await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning",
-            loop="asyncio", access_log=False)
-"""
-
-# A child printing its clock, paced so each line is its own write.
-LINES = (
-    "import sys, time\n"
-    "for _ in range(N_LINES):\n"
-    "    print(repr(time.time()), flush=True)\n"
-    "    time.sleep(0.003)\n"  # sleep-ok: the producer's pace; each line is its own write
-)
-
-# Writes 1 MB, then stays running (a reattach replays it from the daemon's log).
-REPLAY_WRITER = (
-    "import sys, time\n"
-    "sys.stdout.write('r' * (1 << 20))\n"
-    "sys.stdout.flush()\n"
-    "time.sleep(600)\n"  # sleep-ok: keeps the process running while readers reattach
-)
 
 # Reads the same child as the others and publishes each read to channel d, then an end
 # marker; the subscribers count bytes until they see it.
@@ -670,6 +591,10 @@ class Bench:
         self.add(Row("P7", f"daemon CPU-s per GB fanned out ({top})", "s/GB",
                      measured[top]["sandboxkit"][1], "redis-server",
                      figure("Redis pub/sub", top, True), note=redis_note))  # fmt: skip
+        # Another daemon on a loop of its choosing (--baseline-daemon): beside this one.
+        for name in (name for name in extra_daemons if name not in loops):
+            self.add(Row("P7", f"daemon CPU-s per GB fanned out ({top})", "s/GB",
+                         measured[top]["sandboxkit"][1], name, measured[top][name][1]))  # fmt: skip
         # What the goal of 0.5x bare uvicorn leaves once the kernel's copies are paid.
         bare_ref = BARE_NAMES["uvloop" if BARE_NAMES["uvloop"] in measured[top] else "asyncio"]
         for floor in FLOORS:
@@ -688,8 +613,8 @@ class Bench:
             # code does (0.2-0.4 ms between runs): more, shorter runs, the same lines.
             n_lines = 150 if self.quick else 200
             sdk, bare = self.in_turns(
-                lambda: self._sdk_lines(info, _Lines(pid, n_lines)),
-                lambda: self._bare_lines(port, _Lines(ref.pid, n_lines)),
+                lambda: sdk_lines(info, Lines(pid, n_lines)),
+                lambda: bare_lines(port, Lines(ref.pid, n_lines)),
                 self.runs if self.quick else 3 * self.runs,
             )
             for q, name in ((0.5, "p50"), (0.99, "p99")):
@@ -702,7 +627,7 @@ class Bench:
             self.idle("P4")
             tries = 30 if self.quick else 100
             sdk, bare = self.in_turns(
-                lambda: self._sdk_replay(info, tries), lambda: self._bare_replay(port, tries)
+                lambda: sdk_replay(info, tries), lambda: bare_replay(port, tries)
             )
             for q, name in ((0.5, "p50"), (0.99, "p99")):
                 self.add(Row("P4", f"reattach -> first replayed byte {name} (1 MB)", "ms",
@@ -711,7 +636,7 @@ class Bench:
             self.idle("P5")
             tries = 30 if self.quick else 200
             sdk, bare = self.in_turns(
-                lambda: self._sdk_unary(info, tries), lambda: self._bare_unary(port, tries)
+                lambda: sdk_unary(info, tries), lambda: bare_unary(port, tries)
             )
             self.add(Row("P5", "unary request p50", "ms", [statistics.median(s) * 1e3 for s in sdk],
                          "uvicorn JSON", [statistics.median(b) * 1e3 for b in bare]))  # fmt: skip
@@ -725,84 +650,6 @@ class Bench:
         for run in range(self.runs if runs is None else runs):
             for side in (0, 1) if run % 2 == 0 else (1, 0):
                 out[side].append(asyncio.run((ours, theirs)[side]()))
-        return out
-
-    async def _sdk_lines(self, info: Any, lines: _Lines) -> _Lines:
-        async with await AsyncSandbox.create(url=info.url, token=info.token) as sbx:
-            script = LINES.replace("N_LINES", str(lines.n))
-            h = await sbx.commands.run(
-                [sys.executable, "-c", script], background=True, on_stdout=lines.line
-            )
-            await h.wait()
-        return lines
-
-    async def _bare_lines(self, port: int, lines: _Lines) -> _Lines:
-        url = f"http://127.0.0.1:{port}/lines?n={lines.n}"
-        async with httpx.AsyncClient() as http, http.stream("GET", url) as r:
-            buf = b""
-            async for data in r.aiter_raw():
-                buf += data
-                *got, buf = buf.split(b"\n")
-                for line in got:
-                    lines.line(line)
-        return lines
-
-    async def _sdk_replay(self, info: Any, tries: int) -> list[float]:
-        out: list[float] = []
-        async with await AsyncSandbox.create(url=info.url, token=info.token) as sbx:
-            proc = await sbx.commands.start([sys.executable, "-c", REPLAY_WRITER])
-            got = 0
-            whole = asyncio.Event()
-
-            def count(text: str) -> None:
-                nonlocal got
-                got += len(text)
-                if got >= 1 << 20:
-                    whole.set()
-
-            h = await sbx.commands.connect(proc.pid, cursor=0, on_stdout=count, lines=False)
-            await asyncio.wait_for(whole.wait(), 30)
-            await h.disconnect()
-            for _ in range(tries):
-                first = asyncio.Event()
-                start = time.perf_counter()
-                h = await sbx.commands.connect(
-                    proc.pid, cursor=0, on_stdout=lambda _t, e=first: e.set(), lines=False
-                )
-                await first.wait()
-                out.append(time.perf_counter() - start)
-                await h.disconnect()
-        return out
-
-    async def _bare_replay(self, port: int, tries: int) -> list[float]:
-        out: list[float] = []
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
-            for _ in range(tries):
-                start = time.perf_counter()
-                async with http.stream("GET", "/replay") as r:
-                    async for _data in r.aiter_raw():
-                        out.append(time.perf_counter() - start)
-                        break
-        return out
-
-    async def _sdk_unary(self, info: Any, tries: int) -> list[float]:
-        out: list[float] = []
-        async with await AsyncSandbox.create(url=info.url, token=info.token) as sbx:
-            await sbx.get_info()
-            for _ in range(tries):
-                start = time.perf_counter()
-                await sbx.get_info()
-                out.append(time.perf_counter() - start)
-        return out
-
-    async def _bare_unary(self, port: int, tries: int) -> list[float]:
-        out: list[float] = []
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
-            await http.get("/json")
-            for _ in range(tries):
-                start = time.perf_counter()
-                (await http.get("/json")).json()
-                out.append(time.perf_counter() - start)
         return out
 
     # P5 create, pause/resume -----------------------------------------------------------
@@ -834,46 +681,20 @@ class Bench:
             for pace, out in tmux_ms.items():
                 out.append(statistics.median(self._tmux(tries, pace, run)) * 1e3)
             for name, daemon, pace in rows:
-                times = asyncio.run(self._create_first(daemon, tries, pace))
+                times = asyncio.run(create_first(daemon, tries, pace))
                 sdk[name].append(statistics.median(times) * 1e3)
         for name, _, pace in rows:
             ref = "tmux new-session -d" + (", 0.1 s apart" if pace else "")
             self.add(Row("P5", f"create + first command{name} p50", "ms", sdk[name], ref,
                          tmux_ms.get(pace), note="" if tmux_ms else TMUX_MISSING))  # fmt: skip
-        runs = [asyncio.run(self._run_true(info, tries)) for _ in range(self.runs)]
+        runs = [asyncio.run(run_true(info, tries)) for _ in range(self.runs)]
         self.add(Row("P5", "run([\"true\"]) in a running sandbox, p50", "ms",
                      [statistics.median(r) * 1e3 for r, _ in runs],
                      "asyncio spawn + wait of true",
                      [statistics.median(s) * 1e3 for _, s in runs], note="goal ≤ 2×"))  # fmt: skip
-        pr = [asyncio.run(self._pause_resume(info, tries)) for _ in range(self.runs)]
+        pr = [asyncio.run(pause_resume(info, tries)) for _ in range(self.runs)]
         self.add(Row("P5", "pause + resume, 4 processes, p50", "ms",
                      [statistics.median(s) * 1e3 for s in pr], note="— (goal ≤ 2 ms)"))  # fmt: skip
-
-    async def _create_first(self, info: Any, tries: int, pace: float) -> list[float]:
-        out = []
-        for _ in range(tries):
-            await asyncio.sleep(pace)  # sleep-ok: the time a person takes between sandboxes
-            start = time.perf_counter()
-            sbx = await AsyncSandbox.create(url=info.url, token=info.token)
-            await sbx.commands.run(["true"])
-            out.append(time.perf_counter() - start)
-            await sbx.kill()
-        return out
-
-    async def _run_true(self, info: Any, tries: int) -> tuple[list[float], list[float]]:
-        """``run(["true"])`` in a sandbox, and a spawn + wait of ``true`` here, in turns."""
-        out: tuple[list[float], list[float]] = ([], [])
-        async with await AsyncSandbox.create(url=info.url, token=info.token) as sbx:
-            await sbx.commands.run(["true"])
-            for _ in range(tries):
-                start = time.perf_counter()
-                await sbx.commands.run(["true"])
-                out[0].append(time.perf_counter() - start)
-                start = time.perf_counter()
-                child = await asyncio.create_subprocess_exec("true")
-                await child.wait()
-                out[1].append(time.perf_counter() - start)
-        return out
 
     def _tmux(self, tries: int, pace: float, run: int) -> list[float]:
         sock = f"sbxbench{os.getpid()}-{pace * 1000:.0f}-{run}"  # a server of its own
@@ -889,18 +710,6 @@ class Bench:
                 out.append(time.perf_counter() - start)
         finally:
             subprocess.run(["tmux", "-L", sock, "kill-server"], stderr=subprocess.DEVNULL)
-        return out
-
-    async def _pause_resume(self, info: Any, tries: int) -> list[float]:
-        out = []
-        async with await AsyncSandbox.create(url=info.url, token=info.token) as sbx:
-            for _ in range(4):
-                await sbx.commands.start(["sleep", "600"])
-            for _ in range(tries):
-                start = time.perf_counter()
-                await sbx.pause()
-                await sbx.resume()
-                out.append(time.perf_counter() - start)
         return out
 
     # P7 client CPU ---------------------------------------------------------------------
@@ -1002,7 +811,8 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument(
         "--baseline-daemon", type=Path,
-        help="another checkout whose daemon P1 also measures (before/after a change)",
+        help="another checkout whose daemon P1 also measures, its fan-out and CPU per GB "
+        "(before/after a change; versus.py runs each checkout's client too)",
     )  # fmt: skip
     parser.add_argument(
         "--fast-path",
