@@ -55,6 +55,9 @@ MAX_IDLE_AGE = 4.0
 """Seconds an idle connection is reused for at most. The daemon closes a connection idle
 for its keep-alive timeout (5 s by default); a request written to it just as that happens
 is lost, and one that is not idempotent (a start) cannot be sent again."""
+READ_SIZE = 64 * 1024
+"""Bytes a connection reads at most at a time, into its pool's buffer (see
+:class:`_Connection`): a small answer in one read, a large one in a few dozen."""
 _IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
 
 
@@ -74,11 +77,22 @@ class _Hung(Exception):
     """The daemon did not answer a health probe while a request waited on it."""
 
 
-class _Connection(asyncio.Protocol):
+class _Connection(asyncio.BufferedProtocol):
     """One kept-alive connection: a request at a time, its response collected as the
-    bytes arrive and handed over whole."""
+    bytes arrive and handed over whole.
 
-    def __init__(self) -> None:
+    Its bytes are received into ``read_into``, a buffer its pool keeps for all its
+    connections on one event loop, and copied out at once (a few hundred bytes, for most
+    answers). As a plain ``asyncio.Protocol``, every read was a new object of the loop's
+    read size (256 KiB) shrunk to the answer's: in a process whose allocator maps blocks
+    of that size (glibc's threshold stays at 128 KiB until a block over it is freed
+    whole), three system calls a read, a sixth of a small call's time in the client
+    (measured). The buffer can be shared: the event loop hands a connection a buffer and
+    then the bytes read into it, with no other connection's read in between (asyncio's
+    and uvloop's alike), and :meth:`buffer_updated` keeps no view of it."""
+
+    def __init__(self, read_into: memoryview) -> None:
+        self._read_into = read_into
         self.transport: asyncio.Transport | None = None
         self.lost = asyncio.get_running_loop().create_future()
         """Done once the connection is closed (and its socket with it)."""
@@ -98,7 +112,11 @@ class _Connection(asyncio.Protocol):
         # (uvloop's transports are not asyncio.Transport instances, only alike)
         self.transport = cast(asyncio.Transport, transport)
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._read_into
+
+    def buffer_updated(self, nbytes: int) -> None:
+        data = bytes(self._read_into[:nbytes])
         waiter = self._waiter
         if waiter is None or waiter.done():
             # Bytes nobody asked for: the connection is out of step; never reuse it.
@@ -271,6 +289,7 @@ class RawPool:
         self._prefix = parts.path.rstrip("/")
         self._fields = request_fields(parts.netloc, headers)
         self._idle: list[_Connection] = []
+        self._read_into = memoryview(bytearray())  # the reads of the loop's connections
         self._all: set[_Connection] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.closed = False
@@ -339,6 +358,7 @@ class RawPool:
         if self._loop is not loop:  # connections belong to the loop that opened them
             self._drop_idle()
             self._loop = loop
+            self._read_into = memoryview(bytearray(READ_SIZE))  # never two loops' reads
         idle = self._idle
         fresh = loop.time() - MAX_IDLE_AGE
         while idle:
@@ -348,7 +368,9 @@ class RawPool:
             self._discard(conn)
         try:
             # within(), not asyncio.wait_for: see raw_stream.open_raw_stream.
-            opening = loop.create_connection(_Connection, self._host, self._port)
+            opening = loop.create_connection(
+                lambda: _Connection(self._read_into), self._host, self._port
+            )
             _, conn = await within(opening, connect_timeout)
         except (OSError, TimeoutError) as exc:
             raise DaemonUnavailable(f"cannot reach the daemon: {exc!r}", url=self.url) from exc
