@@ -20,8 +20,11 @@ request, ``create()`` + first command back to back, ``run(["true"])`` in a runni
     git worktree add --detach ../then <commit>    # or: git archive <commit> | tar -x -C ../then
     python benchmarks/versus.py ../then --rounds 7
 
-The other checkout runs with this environment's packages. Every process started here is
-stopped here; everything runs on loopback.
+The other checkout runs with this environment's packages. One from 2026-12-02 on has a
+launcher compiled at install (``hatch_build.py``), which a worktree lacks: copy this
+checkout's ``sandboxkit/daemon/sandboxkit-launcher`` into it, or its commands start the
+way they do where none was built. Every process started here is stopped here;
+everything runs on loopback.
 """
 
 from __future__ import annotations
