@@ -25,8 +25,8 @@ PRINTS = (
 
 
 async def _everything(conn: dict[str, str | None]) -> None:
-    """A sandbox's life through every client transport: unary calls, a command's own
-    stream, a reattach that replays, stdin, a kill."""
+    """A sandbox's life through every client transport: unary calls (one answer larger
+    than a read), a command's own stream, a reattach that replays, stdin, a kill."""
     async with await AsyncSandbox.create(**conn) as sbx:  # type: ignore[arg-type]
         assert (await sbx.commands.run(["true"])).exit_code == 0
         lines: list[str] = []
@@ -43,6 +43,9 @@ async def _everything(conn: dict[str, str | None]) -> None:
         handle = await sbx.commands.connect(cat.pid, on_stdout=lambda _line: echoed.set())
         await asyncio.wait_for(echoed.wait(), 10)
         assert [p.pid for p in await sbx.commands.list()].count(cat.pid) == 1
+        data = bytes(range(256)) * 1200  # an answer of 400 KB, many of a pool's reads
+        await sbx.files.write("big.bin", data)
+        assert await sbx.files.read("big.bin", format="bytes") == data
         await sbx.commands.kill(cat.pid)
         with pytest.raises(CommandExitError, match="killed by SIGTERM"):
             await handle.wait()
