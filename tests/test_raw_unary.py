@@ -341,6 +341,7 @@ async def test_an_answer_is_read_into_a_buffer_its_connection_keeps() -> None:
         assert await api.call("GET", "/x") == {"ok": True}  # and the connection kept
     finally:
         await api.aclose()
+        listener.shutdown(socket.SHUT_RDWR)  # wakes an accept() still waiting (close does not)
         listener.close()
         thread.join(5)
     assert not thread.is_alive()
