@@ -59,7 +59,9 @@ class DaemonConfig:
     shared by the readers at the same place: never a mapping, which a sandbox process
     shrinking the file would turn into SIGBUS).
     What a process's output costs the daemon's memory, with some kB of bookkeeping (a
-    process that wrote less holds less). 8 MiB, not 1: at full producer speed the
+    process that wrote less holds less), and more only while its slowest consumer is at
+    the cache's oldest chunk: lent from a reserve the daemon's processes share
+    (``daemon/lag_reserve.py``, 64 MiB in all). 8 MiB, not 1: at full producer speed the
     consumers of a fast writer drain at their sockets' pace and fall several MiB behind
     it; with 1 MiB each re-read the same chunks from the files, 21-28 % of the daemon's
     CPU at 16 consumers (py-spy), 8-9 % with 8 MiB, and the daemon's CPU per GB fanned

@@ -577,6 +577,7 @@ class Consumer:
         self._final_state = state
         self.closed_at = time.time()
         self.close_reason = reason
+        self.source.log.readers_moved()
         if state == "closed":
             self._record("consumer.detached", reason=reason, cursor=self.cursor)
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from sandboxkit.daemon import heap
 from sandboxkit.daemon.chunks import CHUNK_OVERHEAD, Chunk, Gap
 from sandboxkit.daemon.file_span import SPAN_MIN, FileSpan
+from sandboxkit.daemon.lag_reserve import LagLoan, LagReserve
 from sandboxkit.daemon.log_offsets import EvictedOffsets, ReadEnds
 from sandboxkit.daemon.log_waiters import OnWake, Waiters
 from sandboxkit.daemon.segment_store import (
@@ -26,15 +27,7 @@ from sandboxkit.daemon.write_behind import WriteBehind
 from sandboxkit.vocab import LogStorage
 from sandboxkit.wire import FrameKind, encode_frame_head
 
-__all__ = [
-    "CHUNK_OVERHEAD",
-    "DEFAULT_CACHE_BYTES",
-    "Chunk",
-    "Gap",
-    "LogStorage",
-    "OnDegraded",
-    "OutputLog",
-]
+__all__ = ["DEFAULT_CACHE_BYTES", "Chunk", "Gap", "OnDegraded", "OutputLog"]
 
 OnDegraded = Callable[[str, OSError], None]
 """Told when the log loses output to the disk: ``(reason, error)``; ``reason`` is
@@ -57,19 +50,17 @@ class OutputLog:
     Where the output is held:
 
     * With a ``directory`` (the daemon's processes: under their sandbox's runtime
-      directory), chunks go to append-only segment files there, and only the newest
-      ``cache_bytes`` of encoded frames stay in memory, for the readers that keep up.
-      Readers further behind get theirs from there (small reads, from the page cache),
-      in the same frames, encoded once (:mod:`~sandboxkit.daemon.segment_store`).
-      Retention then bounds disk, evicting whole segments (deleting their files, or
-      writing the next segment over one), so it can be gigabytes at a few MB of memory.
-      The index (where each chunk is) is on disk too, in fixed-size records, so memory
-      does not grow with the number of chunks. If the disk refuses a write (full), the
-      log goes on in memory within ``cache_bytes``: what was on disk is then evicted,
-      which readers see as a gap, never as an error; ``on_degraded`` is told, and
-      :attr:`storage` says ``memory`` from then on. A segment that no longer holds
-      what was written (shrunk, overwritten: see :mod:`~sandboxkit.daemon.segment_store`)
-      is given up with everything older, an exact gap too.
+      directory), chunks go to append-only segment files there, in frames encoded once,
+      their index in fixed-size records (:mod:`~sandboxkit.daemon.segment_store`), and
+      only the newest ``cache_bytes`` of frames stay in memory, for the readers that
+      keep up (more, lent, while the slowest is at the cache's edge: ``.lag_reserve``);
+      readers further behind read the files (from the page cache). Retention then bounds
+      disk, evicting whole segments, so it can be gigabytes at a few MB of memory. If
+      the disk refuses a write (full), the log goes on in memory within ``cache_bytes``:
+      what was on disk is then evicted, which readers see as a gap, never as an error;
+      ``on_degraded`` is told, and :attr:`storage` says ``memory`` from then on. A
+      segment that no longer holds what was written (shrunk, overwritten) is given up
+      with everything older, an exact gap too.
     * Without one, every retained chunk stays in memory and retention bounds memory
       (tests and tools that build a log by itself).
 
@@ -109,10 +100,8 @@ class OutputLog:
 
         ``on_degraded``: called when output is lost to the disk (see :data:`OnDegraded`);
         not for a directory that cannot be made at all (see :attr:`disk_error`)."""
-        if retention_bytes <= 0:
-            raise ValueError("retention_bytes must be positive")
-        if cache_bytes <= 0:
-            raise ValueError("cache_bytes must be positive")
+        if retention_bytes <= 0 or cache_bytes <= 0:
+            raise ValueError("retention_bytes and cache_bytes must be positive")
         self.retention_bytes = retention_bytes
         self.cache_bytes = cache_bytes
         self._overhead = charge_overhead
@@ -144,6 +133,7 @@ class OutputLog:
         self.zero_copy: Callable[[], bool] | None = None
         """Set by the owner: tells, when asked, whether no sandboxed process can reach
         the files now; then readers get :meth:`read_span` (see :mod:`.file_span`)."""
+        self.lag = LagLoan(LagReserve(0), {})  # the owner's readers: see .lag_reserve
         # Chunks from this seq on live in memory only (every chunk, for a memory log).
         self._memory_from = 0
         # On disk: chunks ``head - 1`` and older are in the store once its ``written``
@@ -166,9 +156,6 @@ class OutputLog:
     @property
     def _on_disk(self) -> bool:
         return self._memory_from == sys.maxsize and not self._closed
-
-    def _on_disk_store(self) -> SegmentStore | None:
-        return self._store if self._on_disk else None
 
     @property
     def storage(self) -> LogStorage:
@@ -324,6 +311,7 @@ class OutputLog:
         self._cache.clear()
         self._cache_first = self._head
         self._cache_cost = 0
+        self.lag.settle(0)
         heap.released(freed)
         return freed
 
@@ -337,6 +325,7 @@ class OutputLog:
         freed = self.memory_bytes
         self._cache.clear()
         self._cache_cost = 0
+        self.lag.settle(0)
         self._evicted_offsets.clear()
         self._evicted_bytes += self._retained
         self._retained = self._cost = 0
@@ -349,7 +338,7 @@ class OutputLog:
     # -- on disk: the segment store ----------------------------------------------------
 
     def _behind_due(self, newest: Chunk) -> None:
-        store = self._on_disk_store()
+        store = self._store if self._on_disk else None
         if store is None:
             return
         waiting, over = self._head - 1 - store.written, self._cost > self.retention_bytes
@@ -366,7 +355,7 @@ class OutputLog:
 
     def _write_up_to(self, end: int) -> None:
         """Put the cached chunks before ``end`` not yet in the store into it, in order."""
-        store = self._on_disk_store()
+        store = self._store if self._on_disk else None
         if store is None:
             return
         cache, first = self._cache, self._cache_first
@@ -380,7 +369,7 @@ class OutputLog:
     def _flush(self) -> bool:
         """Write what the store buffered; ``False`` if the log is not (or no longer) on
         disk."""
-        store = self._on_disk_store()
+        store = self._store if self._on_disk else None
         if store is None:
             return False
         try:
@@ -404,6 +393,7 @@ class OutputLog:
             self._first_seq = self._cache_first
         store.abandon()
         self._limit = min(self.cache_bytes, self.retention_bytes)
+        self.lag.settle(0)
         self._retained = sum(chunk.size for chunk in self._cache)
         self._cost = sum(self._charge(chunk) for chunk in self._cache)
         self._evict_from_memory()
@@ -450,12 +440,17 @@ class OutputLog:
             self._cache_first = old.seq + 1
 
     def _trim_cache(self) -> None:
-        # The newest chunk always stays (it may not be written yet), and a chunk leaves
-        # the cache only once its frame is in its file.
-        store = self._store
+        # The newest chunk always stays (it may not be written yet), a chunk leaves the
+        # cache only once its frame is in its file, and the slowest reader's stays while
+        # the reserve lends (.lag_reserve).
+        store, lag, lent, slowest = self._store, self.lag, 0, None
         assert store is not None
         while self._cache_cost > self.cache_bytes and len(self._cache) > 1:
             old = self._cache[0]
+            slowest = lag.slowest(old.seq) if slowest is None else slowest
+            if slowest == old.seq and lag.covers(over := self._cache_cost - self.cache_bytes):
+                lent = over
+                break
             if old.seq >= store.written:  # (not the newest: at least two are cached)
                 self._write_up_to(self._head - 1)
             if old.seq >= store.flushed and not self._flush():
@@ -463,6 +458,12 @@ class OutputLog:
             self._cache.popleft()
             self._cache_cost -= old.frame_size + CHUNK_OVERHEAD
             self._cache_first = old.seq + 1
+        lag.settle(lent)
+
+    def readers_moved(self) -> None:
+        """A reader moved on or left: what the cache kept for it may go (.lag_reserve)."""
+        if self.lag.held and self._on_disk:
+            self._trim_cache()
 
     def _store_at(self, seq: int) -> SegmentStore | None:
         """The store (if any), once chunk ``seq``'s index record is in its file."""
@@ -487,9 +488,9 @@ class OutputLog:
     def offset_of(self, seq: int) -> int:
         """Byte offset at which chunk ``seq`` starts (``total_bytes`` at or past the head).
 
-        For evicted chunks the offset comes from a bounded index (in memory, the newest
-        evicted chunks'; on disk, the index files of the newest evicted segments); older
-        than that, where its segment began (0 in memory)."""
+        For evicted chunks it comes from a bounded index (the newest evicted chunks', in
+        memory; on disk, the newest evicted segments' index files), else where its
+        segment began (0 in memory)."""
         if seq >= self._head:
             return self._total
         if seq >= self._cache_first and self._cache:
@@ -509,8 +510,8 @@ class OutputLog:
         """Chunks from ``cursor`` on, at most about ``max_bytes`` (at least one if any).
 
         If ``cursor`` is behind retention, a :class:`Gap` says what was lost and reading
-        starts at the oldest retained chunk.
-        """
+        starts at the oldest retained chunk."""
+        self.readers_moved()
         asked, gap = cursor, self._gap(cursor)
         cursor = max(cursor, self._first_seq)
         chunks: list[Chunk] = []
@@ -532,8 +533,7 @@ class OutputLog:
                 self._read_ends.add(chunks[-1].seq + 1, chunks[-1].offset + chunks[-1].size)
                 return gap, chunks
             cursor += len(chunks)
-        index = cursor - self._cache_first
-        cache = self._cache
+        index, cache = cursor - self._cache_first, self._cache
         while 0 <= index < len(cache):
             chunk = cache[index]
             if chunks and size + chunk.size > max_bytes:

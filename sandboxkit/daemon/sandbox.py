@@ -19,6 +19,7 @@ from sandboxkit.daemon.fds import FdBudget
 from sandboxkit.daemon.file_span import unisolated_ran, zero_copy_check
 from sandboxkit.daemon.freezer import Freezer
 from sandboxkit.daemon.isolation import NamespacePlan
+from sandboxkit.daemon.lag_reserve import LAG_RESERVE, LagLoan
 from sandboxkit.daemon.launcher_slot import LauncherSlot, slot_kind
 from sandboxkit.daemon.limits import LimitEnforcer
 from sandboxkit.daemon.off_loop import off_loop
@@ -240,6 +241,8 @@ class ManagedSandbox:
         if self.plan is None:
             unisolated_ran()
         process.log.zero_copy = zero_copy_check(self.config.zero_copy, self.plan is not None)
+        # Its slowest consumer at the cache's edge reads from memory (.lag_reserve).
+        process.log.lag = LagLoan(LAG_RESERVE, process.consumers, process.log.zero_copy)
         await process.start(
             self.tree, str(self.workdir), self.envs, self.plan, self.limits, self.standby
         )
