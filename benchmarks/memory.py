@@ -39,6 +39,7 @@ import argparse
 import asyncio
 import base64
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -52,6 +53,7 @@ import psutil
 from _workloads import PRODUCER
 
 from sandboxkit.daemon.config import DaemonConfig
+from sandboxkit.daemon.isolation import ISOLATION_ENV
 from sandboxkit.daemon.output_log import OutputLog
 
 MIB = 1 << 20
@@ -99,10 +101,15 @@ class Run:
 
 class Daemon:
     def __init__(self, **settings: object) -> None:
+        # Its sandboxes unisolated unless told (as benchmarks/_daemon.py's): the workloads
+        # run this interpreter by its host path, which a namespaced sandbox cannot reach.
+        env = {**os.environ}
+        env.setdefault(ISOLATION_ENV, "none")
         self.process = subprocess.Popen(
             [sys.executable, "-c", DAEMON, json.dumps(settings)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
+            env=env,
         )
         assert self.process.stdout is not None
         info = json.loads(self.process.stdout.readline())
@@ -188,6 +195,8 @@ async def daemon_run(mode: str, pattern: str, mib: int, retention: int, **settin
             streamed, seconds = await reading
             cpu = daemon.cpu_seconds() - cpu0
             info = (await http.get(base)).json()
+            if info["exit_code"] != 0:
+                raise RuntimeError(f"the writer failed: {info}")
             retained = (info["total_bytes"] - info["evicted_bytes"]) / MIB
             rss1 = daemon.rss_mib()
             replayed, replay_seconds = await _read_stream(
@@ -262,7 +271,10 @@ async def consumers_run(count: int, seconds: float, rate: int, loop: str) -> Con
             base = f"/sandboxes/{sbx}/processes/{pid}"
             await asyncio.sleep(3)  # sleep-ok: the idle daemon, its process's cache filled
             idle = daemon.rss_mib()
-            head = (await http.get(base)).json()["head"]
+            info = (await http.get(base)).json()
+            if info["state"] != "running":
+                raise RuntimeError(f"the writer is not running: {info}")
+            head = info["head"]
             received = [0, 0]
             path = f"{base}/stream?cursor={head}"
             readers = [
