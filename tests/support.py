@@ -13,7 +13,7 @@ import secrets
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from sandboxkit.daemon.freezer.cgroupfs import cgroup2_mount, cgroup_pids, rmdir
 from sandboxkit.daemon.isolation import ISOLATION_ENV
 from sandboxkit.daemon.process import ManagedProcess
 from sandboxkit.daemon.recovery import LOCK_FILE
+from sandboxkit.wire import FrameDecoder, FrameKind
 
 # The one poll interval: short, since every poll has a deadline and most end at once.
 INTERVAL = 0.01
@@ -182,6 +183,18 @@ def printed(process: ManagedProcess, stream: str) -> bytes:
     """All a daemon-side process wrote to ``stream`` (``stdout`` or ``stderr``), from its log."""
     _, chunks = process.log.read(0, 1 << 20)
     return b"".join(bytes(c.data) for c in chunks if c.stream == stream)
+
+
+def stream_payload(raw: Iterable[bytes], decoder: FrameDecoder | None = None) -> bytes:
+    """The output in a stream's raw body (its data frames' payloads), which must hold no
+    gap; ``decoder``: one that already read the body's start."""
+    decoder, payload = decoder or FrameDecoder(), bytearray()
+    for chunk in raw:
+        for frame in decoder.feed(chunk):
+            assert frame.kind != FrameKind.GAP
+            if frame.kind == FrameKind.DATA:
+                payload += frame.payload
+    return bytes(payload)
 
 
 async def ended(process: ManagedProcess) -> tuple[int | None, bytes, bytes]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from support import fast_config, wait_until
+from support import fast_config, stream_payload, wait_until
 
 from sandboxkit.daemon import sandbox as sandbox_module
 from sandboxkit.daemon.chunks import CHUNK_OVERHEAD
@@ -182,7 +182,7 @@ def test_a_consumer_that_paused_gets_the_rest_from_memory_not_the_files(
         body = {"argv": [sys.executable, "-c", write]}
         pid = http.post(f"/sandboxes/{sid}/processes", json=body).json()["pid"]
         log = daemon.host.sandboxes[sid].processes[pid].log
-        decoder, payload = FrameDecoder(), bytearray()
+        decoder = FrameDecoder()
         with http.stream("GET", f"/sandboxes/{sid}/processes/{pid}/stream?cursor=0") as r:
             raw = r.iter_raw()
             for frame in decoder.feed(next(raw)):  # attached: its first frame
@@ -191,12 +191,8 @@ def test_a_consumer_that_paused_gets_the_rest_from_memory_not_the_files(
             assert http.post(f"/sandboxes/{sid}/processes/{pid}/stdin", json=go).is_success
             wait_until(lambda: log.ended, 20, "the writer's end, the reader paused")
             assert reserve.lent > 0  # the cache kept what the paused reader has not read
-            for chunk in raw:
-                for frame in decoder.feed(chunk):
-                    assert frame.kind != FrameKind.GAP
-                    if frame.kind == FrameKind.DATA:
-                        payload += frame.payload
+            payload = stream_payload(raw, decoder)
         http.delete(f"/sandboxes/{sid}")
-    assert bytes(payload) == expected
+    assert payload == expected
     assert loads == [], "read back from the files"
     wait_until(lambda: reserve.lent == 0, 10, "the cache to give back what it borrowed")

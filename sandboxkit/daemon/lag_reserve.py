@@ -9,7 +9,7 @@ byte they get is read back from a file, copied and checked (a sandbox could have
 to it), and the file's lock is shared with the writer. That read-back was the whole
 difference in the daemon's CPU per GB fanned out between this daemon and the slower one
 before it (perf: ``filemap_read`` copies, the CRC and the file's mutex, 12 % of its
-samples), whose producer it kept behind the cache because it took the output slower.
+samples), which kept its readers within the cache by taking the output slower.
 
 A lagging reader costs the others nothing but memory, so the memory is bounded: every log
 of the daemon borrows from one reserve of :data:`LAG_BYTES`. A log keeps its oldest
@@ -26,8 +26,10 @@ from typing import Protocol
 __all__ = ["LAG_BYTES", "LAG_RESERVE", "LagLoan", "LagReserve", "Reader"]
 
 LAG_BYTES = 64 << 20
-"""The daemon's memory lent to caches, in all its logs together. 64 MiB kept the slowest
-of 16 consumers of a producer at full speed in memory (``benchmarks/compare.py``, P7)."""
+"""The daemon's memory lent to caches, in all its logs together. With 64 MiB, 16 unisolated
+consumers of a producer at full speed cost the daemon 0.84× the CPU per GB they did with
+none (20 rounds in pairs; ``docs/performance.md``); 400 consumers of one process, a
+quarter of them slow, added less memory than with none (``benchmarks/memory.py``)."""
 
 
 class Reader(Protocol):
